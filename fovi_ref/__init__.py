@@ -1,0 +1,40 @@
+"""fovi_ref: a readable reference for fovi's KNN convolution, and the checks that keep it true.
+
+    y[b, o, n] = bias[o] + sum_{c, k} x[b, c, knn[k, n]] * weight[o, c*V + rf_index[n, k]]
+
+Where each idea lives:
+
+- :mod:`fovi_ref.meta`: :class:`KNNMeta`, the graph (``knn``, ``rf_index``, ``input_linear``).
+- :mod:`fovi_ref.reference`: the float64 oracle, straight from the formula.
+- :mod:`fovi_ref.knn_general`, :mod:`fovi_ref.knn_gather_gemm`,
+  :mod:`fovi_ref.knn_einsum_baseline`: the three backends.
+- :mod:`fovi_ref.knn_autograd`: registry, dispatcher, checks, custom op, :func:`knn_conv`.
+- :mod:`fovi_ref.layer`: :class:`KNNConv`.
+- :mod:`fovi_ref.grid`: regular-grid metas on which ``F.conv2d`` is an oracle.
+- :mod:`fovi_ref.geometry`: the real fovi-resnet18 graphs.
+- :mod:`fovi_ref.tolerances`: what "close enough" means per dtype, and why.
+"""
+
+from fovi_ref.knn_autograd import (
+    available_ops,
+    get_ops,
+    knn_conv,
+    register_ops,
+    route,
+    route_layer,
+    unregister_ops,
+)
+from fovi_ref.layer import KNNConv
+from fovi_ref.meta import KNNMeta
+
+__all__ = [
+    "KNNConv",
+    "KNNMeta",
+    "available_ops",
+    "get_ops",
+    "knn_conv",
+    "register_ops",
+    "route",
+    "route_layer",
+    "unregister_ops",
+]

@@ -1,0 +1,72 @@
+"""The ``einsum_baseline`` backend: what fovi's ``KNNConvLayer`` does today, as a comparison point.
+
+fovi computes the operator
+
+    y[b, o, n] = bias[o] + sum_{c, k} x[b, c, knn[k, n]] * weight[o, c*V + rf_index[n, k]]
+
+in four steps: append one zero column to ``x`` for the padding index, gather every neighbour's
+features, contract the neighbour axis against the dense one-hot ``local_rf [Nout, K, V]`` with an
+einsum (``x_cells = sum_k x_nbr * local_rf``, one small matmul per node), and apply one
+``F.linear`` over the ``Cin*V`` features. Its backward is whatever autograd derives from those
+steps; :meth:`EinsumBaselineOps.grad_input` writes the same adjoint steps out by hand (transpose of
+the linear, of the einsum, and a ``scatter_add_`` for the gather).
+
+This module is written from that description; benchmarks and notebooks measure the other backends
+against it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fovi_ref.meta import KNNMeta
+
+__all__ = ["EinsumBaselineOps"]
+
+
+def _cell_features(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
+    """``[B, Nout, Cin*V]`` features per node and cell, fovi's input to ``F.linear``."""
+    batch, c_in, _ = x.shape
+    x_pad = torch.cat([x, x.new_zeros(batch, c_in, 1)], dim=2)  # [B, Cin, Nin+1]; n_in -> 0
+    index = meta.knn.reshape(1, 1, -1).expand(batch, c_in, -1)  # [B, Cin, K*Nout]
+    x_nbr = torch.gather(x_pad, 2, index).view(batch, c_in, meta.k, meta.n_out)  # [B, Cin, K, Nout]
+    x_nbr = x_nbr.permute(0, 1, 3, 2).reshape(batch * c_in, meta.n_out, meta.k)  # [B*Cin, Nout, K]
+    local_rf = meta.local_rf(x.dtype)  # [Nout, K, V] dense one-hot
+    x_cells = torch.einsum("ank,nkv->anv", x_nbr, local_rf)  # [B*Cin, Nout, V]
+    x_cells = x_cells.view(batch, c_in, meta.n_out, meta.v).permute(0, 2, 1, 3)  # [B, Nout, Cin, V]
+    return x_cells.reshape(batch, meta.n_out, c_in * meta.v)  # [B, Nout, Cin*V]
+
+
+class EinsumBaselineOps:
+    """Ops-registry backend reproducing fovi's pad + gather + one-hot einsum + linear."""
+
+    name = "einsum_baseline"
+
+    @staticmethod
+    def forward(
+        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``x [B, Cin, Nin]`` -> ``y [B, Cout, Nout]`` (a transposed view, as in fovi)."""
+        return F.linear(_cell_features(meta, x), weight, bias).transpose(1, 2)  # [B, Cout, Nout]
+
+    @staticmethod
+    def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]``: the forward's steps, adjoint."""
+        batch = grad_y.shape[0]
+        c_in = weight.shape[1] // meta.v
+        g = grad_y.transpose(1, 2) @ weight  # [B, Nout, Cin*V]    adjoint of F.linear
+        g = g.view(batch, meta.n_out, c_in, meta.v).permute(0, 2, 1, 3)  # [B, Cin, Nout, V]
+        g = g.reshape(batch * c_in, meta.n_out, meta.v)  # [B*Cin, Nout, V]
+        g = torch.einsum("anv,nkv->ank", g, meta.local_rf(g.dtype))  # [B*Cin, Nout, K]
+        g = g.view(batch, c_in, meta.n_out, meta.k).permute(0, 1, 3, 2)  # [B, Cin, K, Nout]
+        g = g.reshape(batch, c_in, meta.k * meta.n_out)  # [B, Cin, K*Nout]
+        index = meta.knn.reshape(1, 1, -1).expand(batch, c_in, -1)  # [B, Cin, K*Nout]
+        grad_x_pad = g.new_zeros(batch, c_in, meta.n_in + 1).scatter_add_(2, index, g)
+        return grad_x_pad[:, :, : meta.n_in]  # [B, Cin, Nin]: drop the padding column
+
+    @staticmethod
+    def grad_weight(meta: KNNMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``grad_y [B, Cout, Nout]``, ``x [B, Cin, Nin]`` -> ``grad_weight [Cout, Cin*V]``."""
+        features = _cell_features(meta, x)  # [B, Nout, Cin*V]
+        return torch.einsum("bon,bnf->of", grad_y, features)  # [Cout, Cin*V]
