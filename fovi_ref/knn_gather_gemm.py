@@ -120,7 +120,7 @@ class GatherGemmOps:
     def forward(
         meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        """``x [B, Cin, Nin]``, ``weight [Cout, Cin]``, ``bias [Cout]`` -> ``y [B, Cout, Nout]``."""
+        """``x [B, Cin, Nin]``, ``weight [Cout, Cin]``, ``bias [Cout]`` -> ``[B, Cout, Nout]``."""
         x_sel = _gather(meta, x)  # [B, Cin, Nout]
         y = torch.matmul(weight, x_sel)  # [B, Cout, Nout]: one (batched) GEMM, shared weight
         if bias is not None:

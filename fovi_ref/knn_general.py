@@ -74,14 +74,19 @@ def build_segment_sum_plan(dst: torch.Tensor, src: torch.Tensor, size: int) -> S
 
 
 def segment_sum(values: torch.Tensor, plan: SegmentSumPlan) -> torch.Tensor:
-    """``out[..., d] = sum of values[..., s]`` over the plan's entries; ``[..., L] -> [..., D]``."""
-    out = values.new_zeros(*values.shape[:-1], plan.size)
+    """``out[..., d] = sum of values[..., s]`` over the plan's entries; ``[..., L] -> [..., D]``.
+
+    float16 and bfloat16 values are summed in float32 and rounded once at the end, as a GEMM
+    or ``index_add_`` kernel would; summing in 8 mantissa bits loses accuracy with every round.
+    """
+    acc_dtype = torch.float32 if values.dtype in (torch.float16, torch.bfloat16) else values.dtype
+    out = values.new_zeros(*values.shape[:-1], plan.size, dtype=acc_dtype)
     for r, (dst, src) in enumerate(plan.rounds):
-        picked = values.index_select(-1, src)  # [..., |round|]
+        picked = values.index_select(-1, src).to(acc_dtype)  # [..., |round|]
         if r > 0:  # round 0 writes into zeros; later rounds add to what is there
             picked = out.index_select(-1, dst) + picked
         out.index_copy_(-1, dst, picked)  # dst distinct within a round: no write collides
-    return out
+    return out.to(values.dtype)
 
 
 @dataclass(frozen=True)
@@ -125,7 +130,7 @@ class GeneralOps:
     def forward(
         meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        """``x [B, Cin, Nin]``, ``weight [Cout, Cin*V]``, ``bias [Cout]`` -> ``y [B, Cout, Nout]``."""
+        """``x [B, Cin, Nin]``, ``weight [Cout, Cin*V]``, ``bias [Cout]`` -> ``[B, Cout, Nout]``."""
         z = _binned(meta, x)  # [B, Cin*V, Nout]
         y = torch.matmul(weight, z)  # [B, Cout, Nout], weight broadcast over the batch
         if bias is not None:

@@ -1,0 +1,85 @@
+"""What "close enough to the float64 oracle" means for each dtype, and why.
+
+Every check compares a result against :func:`fovi_ref.reference.knn_conv_reference` run in
+float64 on the *same* (already rounded) inputs, so input rounding is not counted: what is left is
+the backend's own arithmetic. Errors are measured relative to the result's scale::
+
+    err(value) = max |value - ref| / max |ref|
+
+A result in ``dtype`` passes when both hold:
+
+1. ``err(op) <= 2 * err(baseline) + u``: no more than twice the error of ``einsum_baseline`` (what
+   fovi runs today) computed in the same dtype on the same inputs, plus one unit roundoff ``u`` of
+   the dtype for cases where the baseline happens to be exact. This is the test that means
+   something: the backend loses no accuracy that the existing implementation keeps.
+2. ``err(op) <= ABSOLUTE[dtype]``: a ceiling that holds whatever the baseline does, so two
+   backends cannot drift together. In float16/bfloat16 the error is dominated by rounding the
+   output and the intermediate (cell-summed or gathered) features, about ``u`` each, so the
+   ceiling is ``8u``. In float32 it is dominated by accumulating up to ``Cin*K`` or ``B*Nout``
+   (~1e4) products, ``~sqrt(n) u`` for random signs, so the ceiling is ``1e-5`` (~84u). In
+   float64 ``1e-12`` is ~4500u: far above rounding, far below any indexing mistake (which shows
+   as an error of order 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["ABSOLUTE", "BASELINE_FACTOR", "UNIT_ROUNDOFF", "Verdict", "judge", "relative_error"]
+
+UNIT_ROUNDOFF: dict[torch.dtype, float] = {
+    torch.float64: 2.0**-53,
+    torch.float32: 2.0**-24,
+    torch.float16: 2.0**-11,
+    torch.bfloat16: 2.0**-8,
+}
+BASELINE_FACTOR = 2.0
+ABSOLUTE: dict[torch.dtype, float] = {
+    torch.float64: 1e-12,
+    torch.float32: 1e-5,
+    torch.float16: 8 * UNIT_ROUNDOFF[torch.float16],
+    torch.bfloat16: 8 * UNIT_ROUNDOFF[torch.bfloat16],
+}
+
+
+def relative_error(value: torch.Tensor, ref: torch.Tensor) -> float:
+    """``max |value - ref| / max |ref|`` in float64 (``max |value - ref|`` if ``ref`` is all 0)."""
+    diff = (value.double() - ref.double()).abs().max().item() if ref.numel() else 0.0
+    scale = ref.double().abs().max().item() if ref.numel() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one comparison; ``str()`` gives a one-line summary."""
+
+    dtype: torch.dtype
+    error: float
+    baseline_error: float | None
+    bound: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= self.bound
+
+    def __str__(self) -> str:
+        base = "" if self.baseline_error is None else f" baseline {self.baseline_error:.1e}"
+        return f"{'PASS' if self.ok else 'FAIL'} err {self.error:.1e} <= {self.bound:.1e}{base}"
+
+
+def judge(value: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor | None = None) -> Verdict:
+    """Apply the two rules above to ``value`` (in its own dtype) against float64 ``ref``.
+
+    ``baseline`` is the same quantity from ``einsum_baseline`` in the same dtype; without it only
+    the absolute ceiling applies (used to check the baseline itself, and in float64).
+    """
+    dtype = value.dtype
+    error = relative_error(value, ref)
+    bound = ABSOLUTE[dtype]
+    baseline_error = None
+    if baseline is not None:
+        baseline_error = relative_error(baseline, ref)
+        bound = min(bound, BASELINE_FACTOR * baseline_error + UNIT_ROUNDOFF[dtype])
+    return Verdict(dtype, error, baseline_error, bound)

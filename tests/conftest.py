@@ -1,0 +1,68 @@
+"""Shared test fixtures: devices, and random graphs with every awkward feature of real ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fovi_ref import KNNMeta
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+LOW_PRECISION = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def random_meta(
+    k: int,
+    v: int,
+    *,
+    n_in: int = 30,
+    n_out: int = 20,
+    in_channels: int = 3,
+    seed: int = 0,
+    padding: bool = True,
+    device: str = "cpu",
+) -> KNNMeta:
+    """A random graph with the features real fovi graphs have.
+
+    - padding neighbours in the middle of some lists, not only at the end (if ``padding``);
+    - several neighbours of one node in the same cell (when K >= 2);
+    - inputs that no output selects (the last three);
+    - one input selected by several outputs (outputs 0 and 1 share neighbour 0).
+    """
+    g = torch.Generator().manual_seed(seed)
+    knn = torch.randint(0, n_in - 3, (k, n_out), generator=g)  # [K, Nout]; last 3 inputs unused
+    knn[0, 1] = knn[0, 0]  # a collision: two outputs read one input
+    rf_index = torch.randint(0, v, (n_out, k), generator=g)  # [Nout, K]
+    if k >= 2:
+        rf_index[0, 1] = rf_index[0, 0]  # node 0: two neighbours share a cell
+    if padding:
+        pad = torch.rand(k, n_out, generator=g) < 0.2
+        pad[k // 2, 2] = True  # a padding neighbour in the middle of node 2's list
+        if k == 1:
+            pad[0, :2] = False  # keep the collision of nodes 0 and 1 real
+        knn[pad] = n_in
+    meta = KNNMeta.from_knn(knn, rf_index, n_in=n_in, in_channels=in_channels, v=v)
+    return meta.to(device)
+
+
+def sample_inputs(
+    meta: KNNMeta,
+    *,
+    out_channels: int = 4,
+    batch: int = 2,
+    dtype: torch.dtype = torch.float64,
+    bias: bool = True,
+    seed: int = 0,
+):
+    """``(x [B, Cin, Nin], weight [Cout, Cin*V], bias [Cout] or None)`` on the meta's device, in
+    ``dtype``, requiring grad; values drawn in float64 then rounded, weight scaled like kaiming."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, meta.in_channels, meta.n_in, generator=g, dtype=torch.float64)
+    fan_in = meta.in_channels * meta.k
+    w = torch.randn(out_channels, meta.in_channels * meta.v, generator=g, dtype=torch.float64)
+    w = w / fan_in**0.5
+    b = torch.randn(out_channels, generator=g, dtype=torch.float64) if bias else None
+    out = [t.to(device=meta.device, dtype=dtype).requires_grad_() for t in (x, w)]
+    out.append(None if b is None else b.to(device=meta.device, dtype=dtype).requires_grad_())
+    return tuple(out)

@@ -1,0 +1,157 @@
+"""Every backend against the float64 oracle, gradcheck, and F.conv2d on regular grids."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DEVICES, LOW_PRECISION, random_meta, sample_inputs
+
+from fovi_ref import KNNMeta, knn_conv
+from fovi_ref.grid import conv2d_grid_meta, to_grid, to_nodes
+from fovi_ref.reference import knn_conv_reference
+from fovi_ref.tolerances import judge
+
+KS = [1, 2, 4, 9, 49]
+VS = [1, 4, 9, 49]
+GRAPHS = [(k, v) for k in KS for v in VS]
+
+
+def backends_for(k: int, v: int) -> list[str]:
+    return ["general", "einsum_baseline"] + (["gather_gemm"] if k == v == 1 else [])
+
+
+def outputs_and_grads(x, w, b, meta, grad_y, backend=None):
+    """``(y, grad_x, grad_w, grad_b)`` through ``knn_conv`` (``backend=None``: the oracle)."""
+    if backend is None:
+        y = knn_conv_reference(x, w, b, meta)
+    else:
+        y = knn_conv(x, w, b, meta, backend=backend)
+    grads = torch.autograd.grad(y, (x, w, b), grad_y.to(y.dtype))
+    return (y, *grads)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,v", GRAPHS)
+def test_float64_matches_oracle(k, v, device):
+    meta = random_meta(k, v, seed=k * 100 + v, device=device)
+    x, w, b = sample_inputs(meta)
+    grad_y = torch.randn(2, 4, meta.n_out, dtype=torch.float64, device=device)
+    expected = outputs_and_grads(x, w, b, meta, grad_y)
+    for backend in backends_for(k, v):
+        got = outputs_and_grads(x, w, b, meta, grad_y, backend)
+        for what, g, e in zip(("y", "grad_x", "grad_w", "grad_b"), got, expected, strict=True):
+            verdict = judge(g, e)
+            assert verdict.ok, f"{backend} {what}: {verdict}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
+@pytest.mark.parametrize("k,v", [(1, 1), (2, 4), (9, 9), (49, 49)])
+def test_low_precision_within_baseline_error(k, v, dtype, device):
+    """Errors in float32/16/bf16 stay within the rule of fovi_ref.tolerances."""
+    meta = random_meta(k, v, n_in=60, n_out=40, in_channels=16, seed=7, device=device)
+    x, w, b = sample_inputs(meta, out_channels=32, batch=4, dtype=dtype)
+    grad_y = torch.randn(4, 32, meta.n_out, device=device).to(dtype)
+    # The oracle sees the same rounded inputs, so only the backends' own arithmetic is judged.
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    expected = outputs_and_grads(x64, w64, b64, meta, grad_y.double())
+    baseline = outputs_and_grads(x, w, b, meta, grad_y, "einsum_baseline")
+    for backend in backends_for(k, v):
+        got = outputs_and_grads(x, w, b, meta, grad_y, backend)
+        names = ("y", "grad_x", "grad_w", "grad_b")
+        for what, g, e, base in zip(names, got, expected, baseline, strict=True):
+            assert g.dtype == dtype
+            verdict = judge(g, e, base if backend != "einsum_baseline" else None)
+            assert verdict.ok, f"{backend} {what} {dtype}: {verdict}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,v", [(1, 1), (2, 4), (9, 9), (4, 1)])
+def test_gradcheck(k, v, device):
+    meta = random_meta(k, v, n_in=12, n_out=8, in_channels=2, seed=3, device=device)
+    x, w, b = sample_inputs(meta, out_channels=3)
+    for backend in backends_for(k, v):
+
+        def fn(x, w, b, backend=backend):
+            return knn_conv(x, w, b, meta, backend=backend)
+
+        assert torch.autograd.gradcheck(fn, (x, w, b)), backend
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", range(4))
+def test_gather_gemm_equals_general_on_k1_v1(seed, device):
+    meta = random_meta(1, 1, n_in=50, n_out=40, in_channels=5, seed=seed, device=device)
+    x, w, b = sample_inputs(meta, out_channels=6, batch=3, dtype=torch.float32)
+    grad_y = torch.randn(3, 6, meta.n_out, device=device)
+    general = outputs_and_grads(x, w, b, meta, grad_y, "general")
+    gather = outputs_and_grads(x, w, b, meta, grad_y, "gather_gemm")
+    for g, e in zip(gather, general, strict=True):
+        # Same sums in a possibly different order: float32 rounding apart, nothing more.
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "height,width,kernel,stride,padding",
+    [(12, 12, 1, 2, 0), (13, 9, 1, 2, 0), (10, 10, 3, 1, 1), (9, 7, 3, 1, 1), (11, 11, 3, 2, 1)],
+)
+def test_grid_meta_equals_conv2d(height, width, kernel, stride, padding, device):
+    """On a regular grid the KNN graph is a convolution: F.conv2d is the oracle."""
+    c_in, c_out = 3, 5
+    meta = conv2d_grid_meta(
+        height,
+        width,
+        kernel_size=kernel,
+        stride=stride,
+        padding=padding,
+        in_channels=c_in,
+        device=device,
+    )
+    g = torch.Generator().manual_seed(0)
+    image = torch.randn(2, c_in, height, width, generator=g, dtype=torch.float64).to(device)
+    conv_w = torch.randn(c_out, c_in, kernel, kernel, generator=g, dtype=torch.float64).to(device)
+    bias = torch.randn(c_out, generator=g, dtype=torch.float64).to(device)
+    image.requires_grad_(), conv_w.requires_grad_(), bias.requires_grad_()
+    expected = F.conv2d(image, conv_w, bias, stride=stride, padding=padding)
+    grad_y = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad(expected, (image, conv_w, bias), grad_y)
+    for backend in backends_for(meta.k, meta.v):
+        y = knn_conv(to_nodes(image), conv_w.reshape(c_out, -1), bias, meta, backend=backend)
+        y = to_grid(y, *expected.shape[2:])
+        grads = torch.autograd.grad(y, (image, conv_w, bias), grad_y)
+        torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
+        for g, e in zip(grads, expected_grads, strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,v", [(1, 1), (9, 9), (4, 1)])
+def test_padding_contributes_exact_zero_and_gets_no_gradient(k, v, device):
+    """Outputs whose neighbours are all padding equal the bias exactly, whatever x holds, and
+    inputs read only through padding entries get exactly zero gradient."""
+    meta = random_meta(k, v, seed=11, device=device)
+    knn = meta.knn.clone()
+    knn[:, 3] = meta.n_in  # node 3: padding only
+    meta = KNNMeta.from_knn(knn, meta.rf_index, n_in=meta.n_in, in_channels=3, v=v)
+    x, w, b = sample_inputs(meta, dtype=torch.float32)
+    for backend in backends_for(k, v):
+        y = knn_conv(x, w, b, meta, backend=backend)
+        assert torch.equal(y[:, :, 3], b.detach().expand(2, -1)), backend
+        (grad_x,) = torch.autograd.grad(y, x, torch.ones_like(y))
+        unused = torch.ones(meta.n_in, dtype=torch.bool, device=device)
+        unused[knn[knn < meta.n_in]] = False
+        assert unused.any()
+        assert torch.equal(grad_x[:, :, unused], torch.zeros_like(grad_x[:, :, unused])), backend
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_general_backward_is_deterministic(device):
+    meta = random_meta(9, 9, n_in=80, n_out=60, in_channels=8, seed=5, device=device)
+    x, w, b = sample_inputs(meta, out_channels=16, batch=4, dtype=torch.float32)
+    grad_y = torch.randn(4, 16, meta.n_out, device=device)
+    first = outputs_and_grads(x, w, b, meta, grad_y, "general")
+    for _ in range(3):
+        again = outputs_and_grads(x, w, b, meta, grad_y, "general")
+        assert all(torch.equal(a, f) for a, f in zip(again, first, strict=True))

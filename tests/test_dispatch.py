@@ -1,0 +1,210 @@
+"""Registry, dispatcher and argument checks of knn_conv."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from conftest import random_meta, sample_inputs
+
+import fovi_ref
+from fovi_ref import (
+    KNNConv,
+    available_ops,
+    get_ops,
+    knn_conv,
+    register_ops,
+    route,
+    route_layer,
+    unregister_ops,
+)
+
+
+def test_builtin_backends_are_registered():
+    assert available_ops() == ["einsum_baseline", "gather_gemm", "general"]
+    for name in available_ops():
+        assert get_ops(name).name == name
+
+
+class ScaledGeneral:
+    """A valid custom backend: twice the general one."""
+
+    name = "scaled_general"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        return 2 * get_ops("general").forward(meta, x, weight, bias)
+
+    @staticmethod
+    def grad_input(meta, grad_y, weight):
+        return 2 * get_ops("general").grad_input(meta, grad_y, weight)
+
+    @staticmethod
+    def grad_weight(meta, grad_y, x):
+        return 2 * get_ops("general").grad_weight(meta, grad_y, x)
+
+
+def test_register_use_and_unregister_a_backend():
+    register_ops(ScaledGeneral)
+    try:
+        assert "scaled_general" in available_ops()
+        meta = random_meta(4, 4)
+        x, w, _ = sample_inputs(meta, bias=False)
+        y = knn_conv(x, w, None, meta, backend="scaled_general")
+        torch.testing.assert_close(y, 2 * knn_conv(x, w, None, meta, backend="general"))
+        (grad_x,) = torch.autograd.grad(y.sum(), x)
+        (expected,) = torch.autograd.grad(knn_conv(x, w, None, meta).sum(), x)
+        torch.testing.assert_close(grad_x, 2 * expected)
+        with pytest.raises(ValueError, match="already registered"):
+            register_ops(ScaledGeneral)
+    finally:
+        unregister_ops("scaled_general")
+    assert "scaled_general" not in available_ops()
+
+
+@pytest.mark.parametrize(
+    "ops,message",
+    [
+        (types.SimpleNamespace(), "non-empty str attribute 'name'"),
+        (types.SimpleNamespace(name=""), "non-empty str attribute 'name'"),
+        (types.SimpleNamespace(name="x", forward=lambda m, x, w, b: x), "no callable grad_input"),
+        (
+            types.SimpleNamespace(
+                name="x",
+                forward=lambda m, x: x,
+                grad_input=lambda m, g, w: g,
+                grad_weight=lambda m, g, x: g,
+            ),
+            "forward must accept",
+        ),
+        (
+            types.SimpleNamespace(
+                name="x",
+                forward=lambda m, x, w, b: x,
+                grad_input=lambda m, g, w: g,
+                grad_weight=None,
+            ),
+            "no callable grad_weight",
+        ),
+    ],
+)
+def test_register_rejects_incomplete_ops(ops, message):
+    with pytest.raises(TypeError, match=message):
+        register_ops(ops)
+
+
+def test_unknown_backend_names():
+    with pytest.raises(ValueError, match="unknown backend 'nope'; available"):
+        get_ops("nope")
+    with pytest.raises(ValueError, match="no ops backend named 'nope'"):
+        unregister_ops("nope")
+    meta = random_meta(4, 4)
+    x, w, b = sample_inputs(meta)
+    with pytest.raises(ValueError, match="unknown backend 'nope'"):
+        knn_conv(x, w, b, meta, backend="nope")
+    with pytest.raises(TypeError, match="backend must be a str"):
+        knn_conv(x, w, b, meta, backend=3)
+
+
+@pytest.mark.parametrize(
+    "k,v,expected", [(1, 1, "gather_gemm"), (1, 4, "general"), (4, 1, "general"), (9, 9, "general")]
+)
+def test_route_and_route_layer_agree(k, v, expected):
+    meta = random_meta(k, v)
+    assert route(meta) == expected
+    assert route_layer(KNNConv(3, 4, meta)) == expected
+    fovi_layer = types.SimpleNamespace(_k=k, local_rf=torch.zeros(meta.n_out, k, v))
+    assert route_layer(fovi_layer) == expected
+
+
+def test_dispatcher_uses_the_routed_backend(monkeypatch):
+    calls = []
+    for name in ("general", "gather_gemm"):
+        ops = get_ops(name)
+        original = ops.forward
+
+        def spy(meta, x, weight, bias, original=original, name=name):
+            calls.append(name)
+            return original(meta, x, weight, bias)
+
+        monkeypatch.setattr(ops, "forward", staticmethod(spy))
+    for k, v in ((1, 1), (9, 9)):
+        meta = random_meta(k, v)
+        knn_conv(*sample_inputs(meta), meta)
+    assert calls == ["gather_gemm", "general"]
+
+
+def test_gather_gemm_refuses_other_graphs():
+    meta = random_meta(9, 9)
+    with pytest.raises(ValueError, match="'gather_gemm' does not support this meta .K=9, V=9."):
+        knn_conv(*sample_inputs(meta), meta, backend="gather_gemm")
+    from fovi_ref.knn_gather_gemm import GatherGemmOps
+
+    with pytest.raises(ValueError, match="K == 1 and V == 1"):
+        GatherGemmOps.forward(random_meta(1, 4), *sample_inputs(random_meta(1, 4)))
+
+
+def bad_calls():
+    """(description, mutate(x, w, b, meta) -> args, error, message)."""
+    meta = random_meta(4, 4)  # Cin=3, Nin=30, V=4
+    x, w, b = sample_inputs(meta)
+    d = x.detach()
+    return [
+        ("x not a tensor", (d.tolist(), w, b, meta), TypeError, "x must be a torch.Tensor"),
+        ("x integer", (d.long(), w, b, meta), TypeError, "x must be float16, bfloat16"),
+        ("x 2-D", (d[0], w, b, meta), ValueError, r"x must be \[B, Cin=3, Nin=30\].*\(3, 30\)"),
+        ("x wrong Cin", (d[:, :2], w, b, meta), ValueError, r"got \(2, 2, 30\)"),
+        ("x wrong Nin", (d[:, :, :29], w, b, meta), ValueError, r"got \(2, 3, 29\)"),
+        (
+            "weight columns",
+            (x, w[:, :-1], b, meta),
+            ValueError,
+            r"Cin\*V = 3\*4 = 12\], got \(4, 11\)",
+        ),
+        ("weight 1-D", (x, w[0], b, meta), ValueError, "weight must be"),
+        ("bias size", (x, w, b[:-1], meta), ValueError, r"bias must be \[Cout = 4\], got \(3,\)"),
+        ("bias type", (x, w, 1.0, meta), TypeError, "bias must be a torch.Tensor or None"),
+        ("weight dtype", (x, w.float(), b, meta), TypeError, "weight dtype torch.float32 differs"),
+        ("bias dtype", (x, w, b.half(), meta), TypeError, "bias dtype torch.float16 differs"),
+        ("meta type", (x, w, b, "meta"), TypeError, "meta must be a fovi_ref.KNNMeta"),
+    ]
+
+
+@pytest.mark.parametrize("case", bad_calls(), ids=lambda c: c[0])
+def test_knn_conv_rejects_bad_arguments(case):
+    _, args, error, message = case
+    with pytest.raises(error, match=message):
+        knn_conv(*args)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_device_mismatch_is_reported():
+    meta = random_meta(4, 4)
+    x, w, b = sample_inputs(meta)
+    with pytest.raises(ValueError, match="weight is on cuda"):
+        knn_conv(x, w.cuda(), b, meta)
+    with pytest.raises(ValueError, match=r"meta is on cpu but x is on cuda.*meta.to"):
+        knn_conv(x.cuda(), w.cuda(), b.cuda(), meta)
+
+
+def test_device_mismatch_is_reported_without_a_gpu():
+    """The same check, with the meta on the 'meta' device standing in for a second device."""
+    meta = random_meta(4, 4)
+    x, w, b = sample_inputs(meta)
+    with pytest.raises(ValueError, match="weight is on meta but x is on cpu"):
+        knn_conv(x, w.to("meta"), b, meta)
+
+
+def test_public_api_names():
+    for name in (
+        "KNNMeta",
+        "KNNConv",
+        "knn_conv",
+        "register_ops",
+        "get_ops",
+        "available_ops",
+        "route",
+        "route_layer",
+    ):
+        assert hasattr(fovi_ref, name)

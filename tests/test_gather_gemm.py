@@ -1,0 +1,95 @@
+"""The gather_gemm backend's internals: node index, scatter matrix, its cache and budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import DEVICES, random_meta, sample_inputs
+
+from fovi_ref import KNNMeta, knn_conv
+from fovi_ref import knn_gather_gemm as gg
+from fovi_ref.knn_gather_gemm import GatherGemmOps, _node_index, _scatter_matrix
+
+
+def test_node_index_without_padding_is_knn_row():
+    meta = random_meta(1, 1, padding=False)
+    index, valid = _node_index(meta)
+    assert valid is None
+    assert torch.equal(index, meta.knn[0])
+
+
+def test_node_index_with_padding():
+    knn = torch.tensor([[2, 5, 0, 5]])  # n_in = 5: nodes 1 and 3 are padding
+    meta = KNNMeta.from_knn(knn, torch.zeros(4, 1, dtype=torch.long), n_in=5, in_channels=3, v=1)
+    index, valid = _node_index(meta)
+    assert valid.tolist() == [True, False, True, False]
+    assert index.tolist() == [2, 0, 0, 0]  # padding replaced by a safe index, masked later
+
+
+def test_scatter_matrix_is_one_hot_with_zero_padding_rows():
+    knn = torch.tensor([[2, 5, 2, 4]])  # nodes 0 and 2 collide on input 2; node 1 is padding
+    meta = KNNMeta.from_knn(knn, torch.zeros(4, 1, dtype=torch.long), n_in=5, in_channels=1, v=1)
+    s = _scatter_matrix(meta, torch.float32)
+    expected = torch.zeros(4, 5)
+    expected[0, 2] = expected[2, 2] = expected[3, 4] = 1
+    assert torch.equal(s, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scatter_matrix_cached_per_meta_dtype_device(device):
+    gg._scatter_cache.clear()
+    builds = gg._scatter_cache.builds
+    a = random_meta(1, 1, seed=1, device=device)
+    b = random_meta(1, 1, seed=1, device=device)  # same graph, another meta
+    s1 = _scatter_matrix(a, torch.float32)
+    assert _scatter_matrix(a, torch.float32) is s1  # built once
+    assert gg._scatter_cache.builds == builds + 1
+    s_half = _scatter_matrix(a, torch.float16)
+    assert s_half.dtype == torch.float16 and s_half is not s1
+    assert _scatter_matrix(b, torch.float32) is not s1  # not shared across metas
+    assert gg._scatter_cache.builds == builds + 3
+    assert s1.device.type == device
+
+
+def test_scatter_cache_serves_no_stale_matrix_and_stays_bounded():
+    gg._scatter_cache.clear()
+    for seed in range(3 * gg._scatter_cache.maxsize):
+        meta = random_meta(1, 1, seed=seed)
+        s = _scatter_matrix(meta, torch.float64)
+        assert torch.equal(s.argmax(1)[~meta.pad_mask[0]], meta.knn[0][~meta.pad_mask[0]])
+    assert len(gg._scatter_cache) <= gg._scatter_cache.maxsize
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+def test_dense_and_index_paths_agree(device, dtype, monkeypatch):
+    """Above the budget grad_input scatters by index instead of multiplying by S: same result."""
+    meta = random_meta(1, 1, n_in=40, n_out=30, seed=4, device=device)  # has collisions, padding
+    _, w, _ = sample_inputs(meta, dtype=dtype)
+    grad_y = torch.randn(2, 4, meta.n_out, device=device).to(dtype)
+    monkeypatch.setitem(gg.DENSE_S_BUDGET, meta.device.type, meta.n_in * meta.n_out)
+    assert gg.uses_dense_scatter(meta, meta.device)
+    dense = GatherGemmOps.grad_input(meta, grad_y, w.detach())
+    monkeypatch.setitem(gg.DENSE_S_BUDGET, meta.device.type, meta.n_in * meta.n_out - 1)
+    assert not gg.uses_dense_scatter(meta, meta.device)
+    index = GatherGemmOps.grad_input(meta, grad_y, w.detach())
+    # Both add the same one or two terms per input (at most one collision here) in float32 or
+    # wider accumulators, so they agree to the last bit or within one rounding of the dtype.
+    torch.testing.assert_close(index, dense, rtol=2 * torch.finfo(dtype).eps, atol=0)
+    assert torch.equal(dense[:, :, -3:], torch.zeros_like(dense[:, :, -3:]))  # unused inputs
+
+
+def test_forward_is_one_gather_and_one_gemm():
+    """Operator count of gather_gemm's forward, from the profiler (CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    meta = random_meta(1, 1, padding=False)
+    x, w, b = (t.detach() for t in sample_inputs(meta, bias=True, dtype=torch.float32))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        GatherGemmOps.forward(meta, x, w, None)
+    counts = {e.key: e.count for e in prof.key_averages()}
+    assert counts.get("aten::index_select") == 1, counts
+    gemm_ops = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
+    assert sum(counts.get(op, 0) for op in gemm_ops) == 1, counts
+    y = knn_conv(x, w, b, meta)
+    assert y.is_contiguous() and y.shape == (2, 4, meta.n_out)

@@ -1,0 +1,198 @@
+"""KNNMeta: construction, the input_linear layout, validation, devices, fovi layers."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from conftest import DEVICES, random_meta
+
+from fovi_ref import KNNMeta
+from fovi_ref.meta import PerMetaCache
+
+
+def small_graph():
+    knn = torch.tensor([[0, 2, 4], [1, 4, 3]])  # [K=2, Nout=3]; 4 = n_in = padding
+    rf_index = torch.tensor([[0, 1], [2, 2], [1, 0]])  # [Nout, K]
+    return knn, rf_index
+
+
+def test_attributes():
+    knn, rf_index = small_graph()
+    meta = KNNMeta.from_knn(knn, rf_index, n_in=4, in_channels=2, v=3)
+    assert (meta.k, meta.v, meta.n_in, meta.n_out, meta.in_channels) == (2, 3, 4, 3, 2)
+    assert meta.device == torch.device("cpu")
+    assert meta.pad_mask.tolist() == [[False, False, True], [False, True, False]]
+    assert meta.has_padding
+    assert meta.knn.dtype == meta.rf_index.dtype == torch.int64
+
+
+def test_input_linear_layout():
+    """Column c*K + k of row n holds c*n_in + knn[k, n], or Cin*n_in for padding."""
+    knn, rf_index = small_graph()
+    meta = KNNMeta.from_knn(knn, rf_index, n_in=4, in_channels=2, v=3)
+    pad = 2 * 4
+    expected = [
+        [0, 1, 4 + 0, 4 + 1],  # node 0: neighbours 0, 1
+        [2, pad, 4 + 2, pad],  # node 1: neighbour 2, then padding
+        [pad, 3, pad, 4 + 3],  # node 2: padding, then neighbour 3
+    ]
+    assert meta.input_linear.tolist() == expected
+    # It indexes the flattened input: x.reshape(B, Cin*Nin) with one zero appended.
+    x = torch.randn(2, 2, 4)
+    flat = torch.cat([x.reshape(2, 8), torch.zeros(2, 1)], dim=1)
+    gathered = flat[:, meta.input_linear]  # [B, Nout, Cin*K]
+    assert torch.equal(gathered[:, 0, 3], x[:, 1, 1])
+    assert torch.equal(gathered[:, 1, 1], torch.zeros(2))
+
+
+def test_local_rf_round_trip():
+    meta = random_meta(9, 9)
+    local_rf = meta.local_rf()
+    assert local_rf.shape == (meta.n_out, 9, 9)
+    assert torch.equal(local_rf.sum(2), torch.ones(meta.n_out, 9))
+    again = KNNMeta.from_local_rf(meta.knn, local_rf, n_in=meta.n_in, in_channels=3)
+    assert again.same_graph(meta)
+    assert KNNMeta.from_local_rf(
+        meta.knn, local_rf.bool(), n_in=meta.n_in, in_channels=3
+    ).same_graph(meta)
+
+
+def test_meta_owns_its_indices():
+    knn, rf_index = small_graph()
+    meta = KNNMeta.from_knn(knn, rf_index, n_in=4, in_channels=2, v=3)
+    knn[0, 0] = 3
+    assert meta.knn[0, 0] == 0
+
+
+def test_same_graph_and_identity_equality():
+    a = random_meta(4, 4, seed=1)
+    b = random_meta(4, 4, seed=1)
+    c = random_meta(4, 4, seed=2)
+    assert a.same_graph(b) and not a.same_graph(c)
+    assert a != b and a == a  # equality is identity; caches rely on it
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        ({"knn": torch.tensor([[0, 5]])}, ValueError, r"knn\[0, 1\] = 5"),
+        ({"knn": torch.tensor([[0, -1]])}, ValueError, r"knn\[0, 1\] = -1"),
+        ({"knn": torch.tensor([[0.0, 1.0]])}, TypeError, "knn must have an integer dtype"),
+        ({"knn": torch.tensor([[True, False]])}, TypeError, "knn must have an integer dtype"),
+        ({"knn": [[0, 1]]}, TypeError, "knn must be a torch.Tensor"),
+        ({"knn": torch.tensor([0, 1])}, ValueError, "knn must have 2 dimensions"),
+        ({"rf_index": torch.tensor([[0], [3]])}, ValueError, r"rf_index\[1, 0\] = 3"),
+        ({"rf_index": torch.tensor([[0], [-2]])}, ValueError, r"rf_index\[1, 0\] = -2"),
+        (
+            {"rf_index": torch.tensor([[0, 1]])},
+            ValueError,
+            r"rf_index must be \[Nout, K\] = \[2, 1\]",
+        ),
+        ({"n_in": 0}, ValueError, "n_in must be >= 1"),
+        ({"n_in": 4.0}, TypeError, "n_in must be an int"),
+        ({"in_channels": 0}, ValueError, "in_channels must be >= 1"),
+        ({"v": 0}, ValueError, "v must be >= 1"),
+        (
+            {
+                "knn": torch.zeros(1, 0, dtype=torch.long),
+                "rf_index": torch.zeros(0, 1, dtype=torch.long),
+            },
+            ValueError,
+            "K, Nout >= 1",
+        ),
+    ],
+)
+def test_from_knn_rejects_bad_input(kwargs, error, message):
+    args = {
+        "knn": torch.tensor([[0, 4]]),
+        "rf_index": torch.tensor([[0], [2]]),
+        "n_in": 4,
+        "in_channels": 2,
+        "v": 3,
+    }
+    args.update(kwargs)
+    knn, rf_index = args.pop("knn"), args.pop("rf_index")
+    with pytest.raises(error, match=message):
+        KNNMeta.from_knn(knn, rf_index, **args)
+
+
+def test_int32_indices_are_accepted_as_int64():
+    meta = KNNMeta.from_knn(
+        torch.tensor([[0, 1]], dtype=torch.int32),
+        torch.tensor([[0], [0]], dtype=torch.int32),
+        n_in=2,
+        in_channels=1,
+        v=1,
+    )
+    assert meta.knn.dtype == torch.int64
+
+
+@pytest.mark.parametrize(
+    "local_rf,message",
+    [
+        (torch.tensor([[[1.0, 1.0]]]), r"local_rf\[0, 0, :\] has 2 ones"),
+        (torch.tensor([[[0.0, 0.0]]]), r"local_rf\[0, 0, :\] has 0 ones"),
+        (torch.tensor([[[0.5, 0.5]]]), "entries 0 or 1"),
+        (torch.tensor([[1.0, 0.0]]), r"local_rf must be \[Nout, K, V\]"),
+    ],
+)
+def test_from_local_rf_rejects_non_one_hot(local_rf, message):
+    with pytest.raises(ValueError, match=message):
+        KNNMeta.from_local_rf(torch.tensor([[0]]), local_rf, n_in=1, in_channels=1)
+
+
+def fovi_like_layer(meta: KNNMeta, *, pad_token: bool):
+    """A stand-in with the attributes of fovi's KNNConvLayer (no fovi import)."""
+    layer = types.SimpleNamespace(
+        in_channels=meta.in_channels,
+        in_coords=torch.zeros(meta.n_in, 2),
+        local_rf=meta.local_rf(),
+        _k=meta.k,
+    )
+    if pad_token:
+        layer.knn_indices_pad_token = meta.knn
+    else:
+        # fovi numbers pad coordinates n_in, n_in + 1, ...: all of them mean padding.
+        knn = meta.knn.clone()
+        knn[meta.pad_mask] += torch.arange(int(meta.pad_mask.sum()))
+        layer.knn_indices = knn
+    return layer
+
+
+@pytest.mark.parametrize("pad_token", [True, False])
+def test_from_layer(pad_token):
+    meta = random_meta(9, 9)
+    layer = fovi_like_layer(meta, pad_token=pad_token)
+    assert KNNMeta.from_layer(layer).same_graph(meta)
+    other = KNNMeta.from_layer(layer, in_channels=7)
+    assert other.in_channels == 7
+
+
+def test_from_layer_missing_attributes():
+    with pytest.raises(TypeError, match="input node count"):
+        KNNMeta.from_layer(types.SimpleNamespace())
+    layer = fovi_like_layer(random_meta(2, 4), pad_token=True)
+    del layer.local_rf
+    with pytest.raises(TypeError, match="no local_rf"):
+        KNNMeta.from_layer(layer)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_to_device(device):
+    meta = random_meta(4, 4)
+    moved = meta.to(device)
+    assert moved.device.type == device
+    assert moved.same_graph(meta)
+    assert moved.to(device) is moved
+
+
+def test_per_meta_cache_is_bounded_and_identity_keyed():
+    cache = PerMetaCache(maxsize=2)
+    metas = [random_meta(1, 1, seed=s) for s in range(3)]
+    values = [cache.get(m, "key", lambda m=m: m.n_out + id(m)) for m in metas]
+    assert cache.builds == 3 and len(cache) == 2
+    assert cache.get(metas[2], "key", lambda: -1) == values[2]  # hit
+    assert cache.get(metas[0], "key", lambda: -1) == -1  # evicted: rebuilt
+    assert cache.get(metas[0], "other", lambda: -2) == -2  # the extra key separates entries
