@@ -1,0 +1,76 @@
+"""The real KNN graphs of fovi's foveated ResNet-18, rebuilt from scratch.
+
+fovi replaces a CNN's pixel grid by a *foveated* set of sample points, dense at fixation and
+sparse in the periphery, and its convolutions by KNN convolutions over those points. Every such
+layer is described by a graph (:class:`~fovi_ref.meta.KNNMeta`): which ``K`` inputs each output
+node reads (``knn [K, Nout]``) and which of the ``V`` kernel cells each of them feeds
+(``rf_index [Nout, K]``). This package builds those graphs the way fovi does, step by step:
+
+1. **Sampling** (:mod:`.sampling`). ``res`` rings, evenly spaced in cortical radius
+   ``log(r + cmf_a)``, each with as many points as keeps the spacing isotropic; the field of view
+   (diameter ``fov`` degrees) is the unit disk. Outside it, a few *pad* rings continue the
+   pattern.
+2. **Cortical coordinates** (:mod:`.manifold`). Every point, pads included, is mapped to a 3-D
+   model of cortex on which the magnification ``M(r) = k / (r + a)`` is built in, so Euclidean
+   distance there is cortical distance.
+3. **Strides** (:mod:`.resnet18`). A layer with stride ``s`` maps a ``res``-ring sampling to the
+   ``res // s``-ring one; with stride 1 input and output points coincide.
+4. **Nearest neighbours** (:mod:`.neighbours`). Each output node takes its ``K = min(k, Nin)``
+   nearest candidates in cortical space among the inputs *and* the pad coordinates; a pad
+   coordinate becomes the padding index ``Nin`` (a zero input), in its place by distance.
+5. **Reference grid and local_rf** (:mod:`.cells`). Each neighbourhood is laid out in a local
+   frame (cortical distance, visual direction), normalised to ``[-1, 1]^2`` over its ``K``
+   neighbours (pads included), and each neighbour goes to the nearest cell of a
+   ``ceil(sqrt K)``-square grid: fovi's one-hot ``local_rf``.
+
+:mod:`.graph` chains these for one layer; :mod:`.resnet18` lists the 20 convolutions of the
+network; :mod:`.stats` summarises a graph; :mod:`.plot` draws one.
+
+The float dtypes and the order of operations follow fovi, so the graphs are identical to
+fovi's, not merely similar: ties between distances are common on these symmetric rings and
+float32 rounding decides them.
+
+Built records are cached (building all 20 takes well under a second); treat their tensors as
+read-only, and call :func:`clear_caches` to force a rebuild.
+"""
+
+from __future__ import annotations
+
+from fovi_ref.geometry.graph import LayerGraph, _graph_tensors, layer_graph
+from fovi_ref.geometry.manifold import z_table
+from fovi_ref.geometry.plot import plot_neighbourhood, plot_sampling
+from fovi_ref.geometry.resnet18 import (
+    RES18_DOWNSAMPLES,
+    ConvSpec,
+    UnknownLayerError,
+    _cached_layers,
+    get_layer,
+    resnet18_layers,
+    resnet18_plan,
+)
+from fovi_ref.geometry.sampling import FoveatedSampling, foveated_sampling
+from fovi_ref.geometry.stats import GraphStats, graph_stats
+
+__all__ = [
+    "RES18_DOWNSAMPLES",
+    "ConvSpec",
+    "FoveatedSampling",
+    "GraphStats",
+    "LayerGraph",
+    "UnknownLayerError",
+    "clear_caches",
+    "foveated_sampling",
+    "get_layer",
+    "graph_stats",
+    "layer_graph",
+    "plot_neighbourhood",
+    "plot_sampling",
+    "resnet18_layers",
+    "resnet18_plan",
+]
+
+
+def clear_caches() -> None:
+    """Forget every cached sampling, cortical table, graph and layer record."""
+    for cached in (z_table, foveated_sampling, _graph_tensors, _cached_layers):
+        cached.cache_clear()

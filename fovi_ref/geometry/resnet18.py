@@ -1,0 +1,158 @@
+"""The 20 KNN convolutions of fovi's KNNResNet-18, with their real graphs.
+
+fovi's ResNet-18 (blocks ``[2, 2, 2, 2]``, cortical sampling) resamples the foveated grid like a
+CNN resamples its pixel grid; "stride ``s``" means "``res // s`` rings"::
+
+    input        in_res rings                                   (64 -> 5977 points)
+    conv1        K=49, 3 -> 64,   stride 2: in_res -> r1 = in_res // 2      (32 -> 1469)
+    maxpool      (not a convolution), stride 2: r1 -> r2 = r1 // 2          (16 -> 356)
+    layer1       2 blocks, 64 channels, stride 1 (r2 -> r2)
+    layer2       2 blocks, 128 channels, stride 2 (r2 -> r2 // 2)           (8 -> 83)
+    layer3       2 blocks, 256 channels, stride 2                            (4 -> 16)
+    layer4       2 blocks, 512 channels, stride 2                            (2 -> 2)
+
+Each block ``layerL.B`` has ``conv1`` (K=9, carries the stride), ``conv2`` (K=9, stride 1) and,
+in block 0 of a strided stage, ``downsample.0``: a K=1 convolution from the block's input grid to
+its output grid (each output reads its single nearest input). Records are listed in fovi's module
+order (``named_modules``): ``conv1``, then per block ``conv1``, ``conv2``, ``downsample.0``.
+
+``K`` is capped at the input count: layer4's two-point grids give ``K = 2``, ``V = 4``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from fovi_ref.geometry.graph import LayerGraph, layer_graph
+from fovi_ref.geometry.sampling import check_sampling_params, strided_res
+
+__all__ = [
+    "RES18_DOWNSAMPLES",
+    "ConvSpec",
+    "UnknownLayerError",
+    "get_layer",
+    "resnet18_layers",
+    "resnet18_plan",
+]
+
+RES18_DOWNSAMPLES = {
+    "res18_ds2": "layer2.0.downsample.0",
+    "res18_ds3": "layer3.0.downsample.0",
+    "res18_ds4": "layer4.0.downsample.0",
+}
+"""Short aliases for the three K=1 (``gather_gemm``-routed) downsample convolutions."""
+
+_STEM_K = 49
+_BLOCK_K = 9
+_STEM_STRIDE = 2
+_POOL_STRIDE = 2
+_STAGES = ((64, 1), (128, 2), (256, 2), (512, 2))  # (channels, stride) of layer1..layer4
+_BLOCKS_PER_STAGE = 2
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """One KNN convolution of the network: its name, channels, requested K and grids."""
+
+    name: str
+    in_channels: int
+    out_channels: int
+    k: int
+    in_res: int
+    out_res: int
+
+
+def resnet18_plan(in_res: int = 64) -> list[ConvSpec]:
+    """The 20 convolutions of fovi's KNNResNet-18, in module order (see the module docstring)."""
+    r1 = strided_res(in_res, _STEM_STRIDE)
+    plan = [ConvSpec("conv1", 3, 64, _STEM_K, in_res, r1)]
+    res = strided_res(r1, _POOL_STRIDE)
+    channels = 64
+    for stage, (planes, stride) in enumerate(_STAGES, start=1):
+        for block in range(_BLOCKS_PER_STAGE):
+            s = stride if block == 0 else 1
+            out = strided_res(res, s)
+            prefix = f"layer{stage}.{block}"
+            plan.append(ConvSpec(f"{prefix}.conv1", channels, planes, _BLOCK_K, res, out))
+            plan.append(ConvSpec(f"{prefix}.conv2", planes, planes, _BLOCK_K, out, out))
+            if s != 1:
+                plan.append(ConvSpec(f"{prefix}.downsample.0", channels, planes, 1, res, out))
+            channels, res = planes, out
+    return plan
+
+
+def _check_resnet18_params(in_res: int, fov: float, cmf_a: float, style: str) -> None:
+    if isinstance(in_res, bool) or not isinstance(in_res, int) or in_res < 1:
+        raise ValueError(f"in_res must be an int >= 1, got {in_res!r}")
+    check_sampling_params(fov, cmf_a, style)
+    smallest = in_res // 2**5  # stem, pool and three strided stages each halve the rings
+    if smallest < 2:
+        raise ValueError(
+            f"in_res={in_res} is too small for resnet18: layer4 would sample {smallest} ring(s); "
+            "fovi's KNN layers need >= 2 rings (a pad ring), i.e. in_res >= 64"
+        )
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_layers(in_res: int, fov: float, cmf_a: float) -> tuple[tuple[str, LayerGraph], ...]:
+    return tuple(
+        (
+            spec.name,
+            layer_graph(
+                spec.name,
+                in_channels=spec.in_channels,
+                out_channels=spec.out_channels,
+                k=spec.k,
+                in_res=spec.in_res,
+                out_res=spec.out_res,
+                fov=fov,
+                cmf_a=cmf_a,
+            ),
+        )
+        for spec in resnet18_plan(in_res)
+    )
+
+
+def resnet18_layers(
+    in_res: int = 64, fov: float = 16, cmf_a: float = 0.5, style: str = "isotropic"
+) -> dict[str, LayerGraph]:
+    """The graphs of all 20 KNN convolutions of fovi's KNNResNet-18, in module order.
+
+    Args:
+        in_res: rings of the input sampling (fovi's default 64 gives 5977 input points).
+        fov: field-of-view diameter in degrees. cmf_a: ``a`` of ``M(r) = k / (r + a)``.
+        style: sampling style; only ``"isotropic"`` is implemented.
+
+    Returns:
+        A new dict ``{module path: LayerGraph}`` each call; the records themselves are cached.
+
+    Raises:
+        ValueError: naming the argument, for ``in_res < 64`` (too few rings for layer4),
+            ``fov <= 0``, ``cmf_a <= 0`` or an unknown ``style``.
+    """
+    _check_resnet18_params(in_res, fov, cmf_a, style)
+    return dict(_cached_layers(in_res, fov, cmf_a))
+
+
+class UnknownLayerError(KeyError):
+    """A layer name that is neither a module path of the network nor a ``res18_ds*`` alias."""
+
+    def __str__(self) -> str:  # KeyError would print the message as a quoted repr
+        return str(self.args[0])
+
+
+def get_layer(name: str, **kwargs) -> LayerGraph:
+    """One layer of :func:`resnet18_layers` (``**kwargs`` go there), by module path or alias.
+
+    ``name`` is a module path (``"layer3.0.conv2"``) or a :data:`RES18_DOWNSAMPLES` alias
+    (``"res18_ds3"``). Raises :class:`UnknownLayerError` (a ``KeyError``) listing the valid names.
+    """
+    layers = resnet18_layers(**kwargs)
+    path = RES18_DOWNSAMPLES.get(name, name)
+    if path not in layers:
+        raise UnknownLayerError(
+            f"unknown layer {name!r}; valid names: {', '.join(layers)} "
+            f"or aliases {', '.join(RES18_DOWNSAMPLES)}"
+        )
+    return layers[path]
