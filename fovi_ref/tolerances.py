@@ -8,10 +8,16 @@ the backend's own arithmetic. Errors are measured relative to the result's scale
 
 A result in ``dtype`` passes when both hold:
 
-1. ``err(op) <= 2 * err(baseline) + u``: no more than twice the error of ``einsum_baseline`` (what
-   fovi runs today) computed in the same dtype on the same inputs, plus one unit roundoff ``u`` of
-   the dtype for cases where the baseline happens to be exact. This is the test that means
-   something: the backend loses no accuracy that the existing implementation keeps.
+1. ``err(op) <= 2 * err(baseline) + FLOOR[dtype]``: no more than twice the error of
+   ``einsum_baseline`` (what fovi runs today) computed in the same dtype on the same inputs. This
+   is the test that means something: the backend loses no accuracy that the existing
+   implementation keeps. The floor covers a baseline that is luckier than rounding allows one to
+   expect. In float16/bfloat16 every backend accumulates in float32 and rounds once at the end, so
+   the error is that last rounding, at most ``u`` (the unit roundoff) of the scale: floor ``u``.
+   In float32 the error is the accumulation order of an ``n``-term sum, which differs between
+   two correct GEMM kernels by ``~sqrt(n) u``; seen here up to 2.3x between ``gather_gemm`` and
+   ``einsum_baseline`` on res18_ds4 (256-term sums), so the floor is ``sqrt(256) u = 16u``
+   (and the same in float64, where it never binds).
 2. ``err(op) <= ABSOLUTE[dtype]``: a ceiling that holds whatever the baseline does, so two
    backends cannot drift together. In float16/bfloat16 the error is dominated by rounding the
    output and the intermediate (cell-summed or gathered) features, about ``u`` each, so the
@@ -27,7 +33,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ABSOLUTE", "BASELINE_FACTOR", "UNIT_ROUNDOFF", "Verdict", "judge", "relative_error"]
+__all__ = [
+    "ABSOLUTE",
+    "BASELINE_FACTOR",
+    "FLOOR",
+    "UNIT_ROUNDOFF",
+    "Verdict",
+    "judge",
+    "relative_error",
+]
 
 UNIT_ROUNDOFF: dict[torch.dtype, float] = {
     torch.float64: 2.0**-53,
@@ -36,6 +50,12 @@ UNIT_ROUNDOFF: dict[torch.dtype, float] = {
     torch.bfloat16: 2.0**-8,
 }
 BASELINE_FACTOR = 2.0
+FLOOR: dict[torch.dtype, float] = {
+    torch.float64: 16 * UNIT_ROUNDOFF[torch.float64],
+    torch.float32: 16 * UNIT_ROUNDOFF[torch.float32],
+    torch.float16: UNIT_ROUNDOFF[torch.float16],
+    torch.bfloat16: UNIT_ROUNDOFF[torch.bfloat16],
+}
 ABSOLUTE: dict[torch.dtype, float] = {
     torch.float64: 1e-12,
     torch.float32: 1e-5,
@@ -81,5 +101,5 @@ def judge(value: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor | None 
     baseline_error = None
     if baseline is not None:
         baseline_error = relative_error(baseline, ref)
-        bound = min(bound, BASELINE_FACTOR * baseline_error + UNIT_ROUNDOFF[dtype])
+        bound = min(bound, BASELINE_FACTOR * baseline_error + FLOOR[dtype])
     return Verdict(dtype, error, baseline_error, bound)
