@@ -7,30 +7,38 @@ The operator
 is computed in two steps that never build per-node weights (``Nout*Cout*Cin*K``) nor fovi's dense
 one-hot ``local_rf`` product:
 
-1. *Bin* the neighbours into their cells. ``z[b, c, v, n]`` is the sum of the features of node
+1. *Bin* the neighbours into their cells. ``z[n, v, c, b]`` is the sum of the features of node
    ``n``'s real neighbours that fall in cell ``v`` (zero for an empty cell)::
 
-       z[b, c, v, n] = sum_{k : rf_index[n, k] = v, knn[k, n] real} x[b, c, knn[k, n]]
+       z[n, v, c, b] = sum_{k : rf_index[n, k] = v, knn[k, n] real} x[b, c, knn[k, n]]
 
-2. One shared GEMM over the ``Cin*V`` axis: ``y[b] = weight @ z[b]`` with ``z[b]`` viewed as
-   ``[Cin*V, Nout]`` (the view is free: ``c*V + v`` is exactly the weight's column order).
+2. Per output node, one GEMM with the shared weight: ``y[:, :, n] = W' @ z[n]``, where ``z[n]`` is
+   viewed as ``[V*Cin, B]`` and ``W' [Cout, V*Cin]`` is the weight with its columns reordered
+   from ``c*V + v`` to ``v*Cin + c`` (a tiny copy). All nodes run as one batched GEMM.
 
 Both gradients follow from the same two steps run backwards::
 
-    grad_z[b]      = weight^T @ grad_y[b]                     # [Cin*V, Nout]
-    grad_x[b, c, i] = sum_{(k, n) : knn[k, n] = i} grad_z[b, c, rf_index[n, k], n]
-    grad_weight     = sum_b grad_y[b] @ z[b]^T                # [Cout, Cin*V]
+    grad_z[n]      = W'^T @ grad_y[:, :, n]                           # [V*Cin, B]
+    grad_x[b, c, i] = sum_{(k, n) : knn[k, n] = i} grad_z[n, rf_index[n, k], c, b]
+    grad_W'        = sum_{n, b} grad_y[b, :, n] z[n, :, :, b]^T      # one GEMM over (n, b)
 
-Step 1 and the ``grad_x`` sum are the same kind of operation, a *segment sum* (each output slot
-adds up the input slots listed for it), over the same list of (cell slot, neighbour) pairs with the
+Step 1 and the ``grad_x`` sum are the same kind of operation, a *segment sum* (each output row
+adds up the input rows listed for it), over the same list of (cell row, neighbour) pairs with the
 roles of source and destination swapped: the backward is the transpose of the forward gather.
 
-A segment sum is usually written with ``index_add_``, whose CUDA kernel adds with atomics, so its
-float rounding depends on thread timing. Here it runs in *rounds* instead: round ``r`` adds every
-destination's ``r``-th contribution, no destination appears twice in a round, and so each round is
-a plain gather followed by an ``index_copy_`` with distinct indices. The summation order is then
-fixed (increasing ``k``) and both passes are deterministic on every device. There are as many
-rounds as the largest number of contributions to one slot (a few for cells, ~K for inputs).
+**Layout.** Features are kept *node-major*: one row per node (or per node and cell) holding all
+``Cin*B`` numbers of that node. Every gather and scatter then moves whole contiguous rows, which
+on a CPU is ~50x faster than picking single elements along the last axis of ``[B, Cin, Nin]``
+(measured here: 0.15 ms against 10 ms for a res18 layer1-sized gather at batch 64). It costs one
+transposing copy on the way in and one on the way out.
+
+**Determinism.** A segment sum is usually written with ``index_add_``, whose CUDA kernel adds with
+atomics, so its float rounding depends on thread timing. Here it runs in *rounds* instead: round
+``r`` adds every destination's ``r``-th contribution, no destination appears twice in a round, and
+so each round is a row gather followed by an ``index_copy_`` with distinct indices. The summation
+order is then fixed (increasing ``k``) and both passes are deterministic on every device. There
+are as many rounds as the largest number of contributions to one row (a few for cells, about K
+for inputs).
 """
 
 from __future__ import annotations
@@ -46,10 +54,10 @@ __all__ = ["GeneralOps", "SegmentSumPlan", "build_segment_sum_plan", "segment_su
 
 @dataclass(frozen=True)
 class SegmentSumPlan:
-    """How to compute ``out[..., d] = sum_{(d, s) in entries} values[..., s]`` in rounds.
+    """How to compute ``out[d] = sum_{(d, s) in entries} values[s]`` (rows) in rounds.
 
     Attributes:
-        size: length ``D`` of the output's last axis.
+        size: number ``D`` of output rows.
         rounds: ``(dst, src)`` int64 pairs; within one round every ``dst`` entry is distinct.
     """
 
@@ -74,25 +82,25 @@ def build_segment_sum_plan(dst: torch.Tensor, src: torch.Tensor, size: int) -> S
 
 
 def segment_sum(values: torch.Tensor, plan: SegmentSumPlan) -> torch.Tensor:
-    """``out[..., d] = sum of values[..., s]`` over the plan's entries; ``[..., L] -> [..., D]``.
+    """``out[d] = sum of values[s]`` over the plan's entries: ``[L, P] -> [D, P]``.
 
     float16 and bfloat16 values are summed in float32 and rounded once at the end, as a GEMM
     or ``index_add_`` kernel would; summing in 8 mantissa bits loses accuracy with every round.
     """
     acc_dtype = torch.float32 if values.dtype in (torch.float16, torch.bfloat16) else values.dtype
-    out = values.new_zeros(*values.shape[:-1], plan.size, dtype=acc_dtype)
+    out = values.new_zeros(plan.size, values.shape[1], dtype=acc_dtype)  # [D, P]
     for r, (dst, src) in enumerate(plan.rounds):
-        picked = values.index_select(-1, src).to(acc_dtype)  # [..., |round|]
+        picked = values.index_select(0, src).to(acc_dtype)  # [|round|, P] whole rows
         if r > 0:  # round 0 writes into zeros; later rounds add to what is there
-            picked = out.index_select(-1, dst) + picked
-        out.index_copy_(-1, dst, picked)  # dst distinct within a round: no write collides
+            picked = out.index_select(0, dst) + picked
+        out.index_copy_(0, dst, picked)  # dst distinct within a round: no write collides
     return out.to(values.dtype)
 
 
 @dataclass(frozen=True)
 class _Plans:
-    forward: SegmentSumPlan  # x [.., Nin] -> z [.., V*Nout]
-    backward: SegmentSumPlan  # grad_z [.., V*Nout] -> grad_x [.., Nin]
+    forward: SegmentSumPlan  # x rows [Nin, P] -> z rows [Nout*V, P]
+    backward: SegmentSumPlan  # grad_z rows [Nout*V, P] -> grad_x rows [Nin, P]
 
 
 _plans_cache = PerMetaCache(maxsize=64)
@@ -103,26 +111,38 @@ def _plans(meta: KNNMeta) -> _Plans:
 
     def build() -> _Plans:
         n = torch.arange(meta.n_out, device=meta.device).expand(meta.k, -1)  # [K, Nout]
-        cell_slot = meta.rf_index.t() * meta.n_out + n  # [K, Nout] index of (v, n) in V*Nout
+        cell_row = n * meta.v + meta.rf_index.t()  # [K, Nout] row (n, v) of z
         real = ~meta.pad_mask  # [K, Nout] padding neighbours take no part, either way
-        neighbour, slot = meta.knn[real], cell_slot[real]  # [E], k-major: sums run over k
+        neighbour, row = meta.knn[real], cell_row[real]  # [E], k-major: sums run over k
         return _Plans(
-            forward=build_segment_sum_plan(slot, neighbour, meta.v * meta.n_out),
-            backward=build_segment_sum_plan(neighbour, slot, meta.n_in),
+            forward=build_segment_sum_plan(row, neighbour, meta.n_out * meta.v),
+            backward=build_segment_sum_plan(neighbour, row, meta.n_in),
         )
 
     return _plans_cache.get(meta, None, build)
 
 
+def _cell_major_weight(meta: KNNMeta, weight: torch.Tensor) -> torch.Tensor:
+    """``W' [Cout, V*Cin]``: column ``v*Cin + c`` holds ``weight[:, c*V + v]``."""
+    c_out = weight.shape[0]
+    return weight.view(c_out, meta.in_channels, meta.v).transpose(1, 2).reshape(c_out, -1)
+
+
 def _binned(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
-    """Step 1: ``z [B, Cin*V, Nout]`` from ``x [B, Cin, Nin]``."""
-    batch, c_in, _ = x.shape
-    z = segment_sum(x, _plans(meta).forward)  # [B, Cin, V*Nout]
-    return z.view(batch, c_in * meta.v, meta.n_out)  # [B, Cin*V, Nout]
+    """Step 1: ``z [Nout, V*Cin, B]`` from ``x [B, Cin, Nin]``."""
+    batch = x.shape[0]
+    x_rows = x.permute(2, 1, 0).reshape(meta.n_in, -1)  # [Nin, Cin*B]: node-major (copy)
+    z_rows = segment_sum(x_rows, _plans(meta).forward)  # [Nout*V, Cin*B]
+    return z_rows.view(meta.n_out, meta.v * meta.in_channels, batch)  # [Nout, V*Cin, B]
+
+
+def _node_major(grad_y: torch.Tensor) -> torch.Tensor:
+    """``[B, Cout, Nout] -> [Nout, Cout, B]`` (a copy unless it arrives laid out so)."""
+    return grad_y.permute(2, 1, 0).contiguous()
 
 
 class GeneralOps:
-    """Ops-registry backend for every graph: segment-sum binning + one shared GEMM."""
+    """Ops-registry backend for every graph: row segment sums + one batched GEMM."""
 
     name = "general"
 
@@ -131,25 +151,33 @@ class GeneralOps:
         meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """``x [B, Cin, Nin]``, ``weight [Cout, Cin*V]``, ``bias [Cout]`` -> ``[B, Cout, Nout]``."""
-        z = _binned(meta, x)  # [B, Cin*V, Nout]
-        y = torch.matmul(weight, z)  # [B, Cout, Nout], weight broadcast over the batch
-        if bias is not None:
-            y = y + bias[:, None]
-        return y
+        z = _binned(meta, x)  # [Nout, V*Cin, B]
+        y_nodes = torch.matmul(_cell_major_weight(meta, weight), z)  # [Nout, Cout, B]
+        y = y_nodes.new_empty(x.shape[0], weight.shape[0], meta.n_out)  # [B, Cout, Nout]
+        if bias is None:
+            return y.copy_(y_nodes.permute(2, 1, 0))
+        return torch.add(y_nodes.permute(2, 1, 0), bias[:, None], out=y)  # unfold + bias, one pass
 
     @staticmethod
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]``; padding gets nothing."""
         batch = grad_y.shape[0]
-        grad_z = torch.matmul(weight.t(), grad_y)  # [B, Cin*V, Nout]
-        grad_z = grad_z.view(batch, meta.in_channels, meta.v * meta.n_out)  # [B, Cin, V*Nout]
-        return segment_sum(grad_z, _plans(meta).backward)  # [B, Cin, Nin]
+        w_cells = _cell_major_weight(meta, weight)  # [Cout, V*Cin]
+        grad_z = torch.matmul(w_cells.t(), _node_major(grad_y))  # [Nout, V*Cin, B]
+        grad_z_rows = grad_z.view(meta.n_out * meta.v, -1)  # [Nout*V, Cin*B]
+        grad_x_rows = segment_sum(grad_z_rows, _plans(meta).backward)  # [Nin, Cin*B]
+        grad_x = grad_x_rows.view(meta.n_in, meta.in_channels, batch).permute(2, 1, 0)
+        return grad_x.contiguous()  # [B, Cin, Nin]
 
     @staticmethod
     def grad_weight(meta: KNNMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, ``x [B, Cin, Nin]`` -> ``grad_weight [Cout, Cin*V]``."""
-        z = _binned(meta, x)  # [B, Cin*V, Nout]
-        # One GEMM contracting batch and nodes together: [Cout, B*Nout] @ [B*Nout, Cin*V].
-        grad_y_2d = grad_y.transpose(0, 1).reshape(grad_y.shape[1], -1)  # [Cout, B*Nout]
-        z_2d = z.transpose(0, 1).reshape(z.shape[1], -1)  # [Cin*V, B*Nout]
-        return grad_y_2d @ z_2d.t()  # [Cout, Cin*V]
+        c_out = grad_y.shape[1]
+        z = _binned(meta, x)  # [Nout, V*Cin, B]
+        # One GEMM contracting nodes and batch together: [Cout, Nout*B] @ [Nout*B, V*Cin].
+        grad_y_2d = grad_y.permute(1, 2, 0).reshape(c_out, -1)  # [Cout, Nout*B] (copy)
+        z_2d = z.transpose(1, 2).reshape(-1, z.shape[1])  # [Nout*B, V*Cin] (copy)
+        grad_w_cells = grad_y_2d @ z_2d  # [Cout, V*Cin]
+        # Back to the weight's own column order c*V + v.
+        grad_w = grad_w_cells.view(c_out, meta.v, meta.in_channels).transpose(1, 2)
+        return grad_w.reshape(c_out, -1)  # [Cout, Cin*V]
