@@ -113,10 +113,19 @@ def bench_downsamples(args, device, dtype, names) -> list[dict]:
             repeats=args.repeats,
         )
         gg = times["gather_gemm"]
+        kernels = {}
+        if device.type == "cuda":  # launches per forward+backward, from the profiler
+            for label, fn in (
+                ("gather_gemm", bench.knn_backend(inputs, "gather_gemm")),
+                ("conv2d floor", bench.conv2d_floor(inputs)),
+            ):
+                counts = bench.op_counts(bench.profile_contender(fn, device))
+                kernels[label] = counts.get("cuda kernels", 0)
         rows.append(
             {
                 "layer": name,
                 "batch": batch,
+                "cuda kernels": kernels,
                 "ms": {k: 1e3 * v for k, v in times.items()},
                 "gather_gemm / einsum (fovi)": gg / times["einsum (fovi)"],
                 "gather_gemm / conv2d floor": gg / times["conv2d floor"],
@@ -196,6 +205,12 @@ def run_bench(args: argparse.Namespace) -> None:
                 f"{mark(r['gather_gemm / conv2d floor'], 'gather_gemm / conv2d floor'):>9}"
                 f"{mark(r['gather_gemm / gemm floor'], 'gather_gemm / gemm floor'):>9}"
                 f"{r['gather_gemm / general']:>9.2f}{r['custom op / direct']:>10.2f}"
+                + (
+                    f"  kernels {r['cuda kernels']['gather_gemm']} vs conv2d "
+                    f"{r['cuda kernels']['conv2d floor']}"
+                    if r["cuda kernels"]
+                    else ""
+                )
             )
     if gen_rows:
         print(
