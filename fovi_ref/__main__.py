@@ -140,13 +140,18 @@ def bench_downsamples(args, device, dtype, names) -> list[dict]:
 def bench_general(args, device, dtype, names) -> list[dict]:
     """K > 1 layers: general against fovi's einsum, time and peak memory; one row per distinct
     graph and channel count (layers that share both are measured once and listed together)."""
-    groups: dict[tuple, list[str]] = {}
+    groups: list[list[str]] = []
     for name in names:
         layer = get_layer(name)
-        key = (layer.meta.knn.data_ptr(), layer.meta.rf_index.data_ptr(), layer.out_channels)
-        groups.setdefault(key, []).append(name)
+        for members in groups:
+            first = get_layer(members[0])
+            if first.out_channels == layer.out_channels and first.meta.same_graph(layer.meta):
+                members.append(name)
+                break
+        else:
+            groups.append([name])
     rows = []
-    for i, members in enumerate(groups.values(), 1):
+    for i, members in enumerate(groups, 1):
         layer = get_layer(members[0])
         batch = 16 if members[0] == "conv1" else args.batch_general
         progress(i, len(groups), f"bench {members[0]} batch {batch}")

@@ -1,0 +1,85 @@
+"""The main job (python -m fovi_ref) and the measuring helpers it is built on."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from conftest import random_meta
+
+from fovi_ref import bench
+from fovi_ref.__main__ import main
+from fovi_ref.knn_gather_gemm import uses_dense_scatter
+
+
+def test_verify_writes_results_and_passes(tmp_path, capsys):
+    code = main(["--out", str(tmp_path), "verify", "--layers", "res18_ds4", "layer4.1.conv1"])
+    assert code == 0
+    rows = json.loads((tmp_path / "verify.json").read_text())
+    backends = {(r["layer"], r["backend"]) for r in rows}
+    assert ("layer4.0.downsample.0", "gather_gemm") in backends
+    assert ("layer4.1.conv1", "general") in backends
+    assert all(r[d]["ok"] for r in rows for d in ("float32", "float16", "bfloat16"))
+    assert "passed, 0 failed" in capsys.readouterr().out
+
+
+def test_verify_exit_code_reports_failures(tmp_path, monkeypatch):
+    """A backend that is subtly wrong must make verify fail."""
+    from fovi_ref.knn_general import GeneralOps
+
+    real_forward = GeneralOps.forward
+
+    def off_by_a_little(meta, x, weight, bias):
+        return real_forward(meta, x, weight, bias) * (1 + 1e-3)
+
+    monkeypatch.setattr(GeneralOps, "forward", staticmethod(off_by_a_little))
+    code = main(["--out", str(tmp_path), "verify", "--layers", "layer4.1.conv1"])
+    assert code == 1
+
+
+def test_bench_writes_ratios(tmp_path):
+    args = ["--out", str(tmp_path), "bench", "--layers", "res18_ds4", "layer4.1.conv1"]
+    assert main([*args, "--batch", "2", "--batch-general", "2", "--repeats", "1"]) == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    k1, general = result["k1"], result["general"]
+    assert [r["layer"] for r in k1] == ["layer4.0.downsample.0"]
+    assert set(k1[0]["ms"]) == {
+        "gather_gemm",
+        "gather_gemm direct",
+        "general",
+        "einsum (fovi)",
+        "conv2d floor",
+        "gemm floor",
+    }
+    assert general[0]["general / einsum peak memory"] > 0
+    assert (tmp_path / "bench.png").stat().st_size > 0
+    assert "gather_gemm / gemm floor" in (tmp_path / "bench.csv").read_text()
+
+
+def test_time_contenders_runs_each_round_robin():
+    calls = []
+    contenders = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    times = bench.time_contenders(contenders, repeats=3, warmup=1)
+    assert set(times) == {"a", "b", "c"} and all(t >= 0 for t in times.values())
+    assert calls[:6] == ["a", "b", "c", "b", "c", "a"]  # rotated order each round
+    assert len(calls) == 12
+
+
+def test_peak_memory_sees_a_temporary():
+    def make_and_drop():
+        t = torch.ones(1024, 1024)  # 4 MiB, freed before returning
+        return float(t.sum())
+
+    peak = bench.peak_memory_bytes(make_and_drop)
+    assert 4 * 2**20 <= peak < 5 * 2**20
+
+
+def test_op_counts_of_gather_gemm_forward_and_backward():
+    meta = random_meta(1, 1, n_in=40, n_out=30, in_channels=8, padding=False)
+    inputs = bench.make_inputs(meta, out_channels=16, batch=4, dtype=torch.float32)
+    counts = bench.op_counts(bench.profile_contender(bench.knn_backend(inputs, "gather_gemm")))
+    gemms = sum(counts.get(op, 0) for op in ("aten::mm", "aten::addmm", "aten::bmm"))
+    # forward 1 GEMM; backward: W^T grad_y, the S (or index) step, grad_weight.
+    assert counts["aten::gather"] == 2  # forward, and again for grad_weight
+    assert gemms == 3 + uses_dense_scatter(meta, meta.device)  # + 1 for the dense S
+    assert counts["aten::sum"] == 1  # grad_bias
