@@ -18,6 +18,7 @@ own autograd path, and for the two floors:
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections import Counter
@@ -43,12 +44,17 @@ __all__ = [
     "knn_backend_direct",
     "make_inputs",
     "op_counts",
+    "op_sequence",
     "peak_memory_bytes",
     "plot_timeline",
     "profile_contender",
     "time_contenders",
     "timeline",
 ]
+
+# kineto, the profiler's engine, prints "profiler_start/stop" lines at its default log level; 6
+# keeps it quiet. It reads the variable when the first profile starts, so setting it here works.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 Contender = Callable[[], object]
 
@@ -273,25 +279,44 @@ def profile_contender(contender: Contender, device: torch.device | str = "cpu", 
     return prof
 
 
+def _outermost_kernel_events(prof) -> list:
+    """CPU events of :data:`KERNEL_OPS` not nested inside another one, in time order (an
+    ``index_add_`` that runs a ``scatter_add_`` inside is one unit of work, not two)."""
+    events = []
+    for e in prof.events():
+        if e.name not in KERNEL_OPS or e.device_type.name != "CPU":
+            continue
+        parent = e.cpu_parent
+        while parent is not None and parent.name not in KERNEL_OPS:
+            parent = parent.cpu_parent
+        if parent is None:
+            events.append(e)
+    return sorted(events, key=lambda e: e.time_range.start)
+
+
 def op_counts(prof) -> dict[str, int]:
-    """``{operator: calls}`` for :data:`KERNEL_OPS` seen in a profile, plus ``"cuda kernels"``
-    (the number of GPU kernel launches) when the profile has CUDA activity."""
-    counts = Counter(e.name for e in prof.events() if e.name in KERNEL_OPS)
+    """``{operator: calls}`` of the outermost :data:`KERNEL_OPS` in a profile, plus
+    ``"cuda kernels"`` (GPU kernel launches) when the profile has CUDA activity."""
+    counts = Counter(e.name for e in _outermost_kernel_events(prof))
     kernels = sum(1 for e in prof.events() if e.device_type.name == "CUDA")
     if kernels:
         counts["cuda kernels"] = kernels
     return dict(sorted(counts.items()))
 
 
+def op_sequence(prof) -> list[str]:
+    """The outermost :data:`KERNEL_OPS` of a profile in time order, ``aten::`` dropped."""
+    return [e.name.removeprefix("aten::") for e in _outermost_kernel_events(prof)]
+
+
 def timeline(prof) -> list[tuple[str, float, float]]:
-    """``(operator, start_us, duration_us)`` for the :data:`KERNEL_OPS` events of a profile,
-    start relative to the first, in time order (nested kernel calls included once)."""
-    events = [e for e in prof.events() if e.name in KERNEL_OPS and e.device_type.name == "CPU"]
+    """``(operator, start_us, duration_us)`` of the outermost :data:`KERNEL_OPS` of a profile,
+    start relative to the first, in time order."""
+    events = _outermost_kernel_events(prof)
     if not events:
         return []
-    t0 = min(e.time_range.start for e in events)
-    rows = [(e.name, e.time_range.start - t0, e.time_range.elapsed_us()) for e in events]
-    return sorted(rows, key=lambda row: row[1])
+    t0 = events[0].time_range.start
+    return [(e.name, e.time_range.start - t0, e.time_range.elapsed_us()) for e in events]
 
 
 def plot_timeline(rows: list[tuple[str, float, float]], ax, title: str = ""):

@@ -27,23 +27,45 @@ type, measured in notebooks/03_scatter_matrix_budget.ipynb) ``grad_input`` takes
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from fovi_ref.meta import KNNMeta, PerMetaCache
 
-__all__ = ["DENSE_S_BUDGET", "GatherGemmOps", "uses_dense_scatter"]
+__all__ = ["DENSE_S_BUDGET", "GatherGemmOps", "forced_grad_input_path", "uses_dense_scatter"]
 
 # Largest Nout*Nin for which grad_input multiplies by the dense S rather than scattering with
-# index_add_. The CPU value is where the two paths cost the same in the sweep of
-# notebooks/03_scatter_matrix_budget.ipynb (that notebook re-derives it and checks this constant).
-# CUDA: the seed design note sizes S for the res18 downsamples ("a few 1e4"); no GPU was available
-# to sweep, so the value keeps S dense up to 2**20 elements (4 MiB in float32).
-DENSE_S_BUDGET: dict[str, int] = {"cpu": 4096, "cuda": 2**20}
+# index_add_. CPU: the crossover measured by the sweep of notebooks/03_scatter_matrix_budget.ipynb
+# through the custom op (~1e2 on the 2-core reference machine; ~1e3 for the backend function
+# alone), so of the res18 downsamples only ds4 (Nout*Nin = 32) multiplies by S on a CPU. CUDA:
+# the seed design note sizes S for the res18 downsamples ("a few 1e4"); no GPU was available to
+# sweep, so the value keeps S dense up to 2**20 elements (4 MiB in float32), which covers all three.
+DENSE_S_BUDGET: dict[str, int] = {"cpu": 128, "cuda": 2**20}
 
 
 def uses_dense_scatter(meta: KNNMeta, device: torch.device) -> bool:
     """True when ``grad_input`` for ``meta`` on ``device`` multiplies by the dense ``S``."""
     return meta.n_out * meta.n_in <= DENSE_S_BUDGET.get(device.type, DENSE_S_BUDGET["cuda"])
+
+
+@contextmanager
+def forced_grad_input_path(path: str, device_type: str = "cpu") -> Iterator[None]:
+    """Within the block, ``grad_input`` on ``device_type`` takes ``path`` ("dense" S GEMM or
+    "index" scatter) whatever the graph's size; the budget is restored on exit. For measuring
+    and testing the two paths against each other."""
+    if path not in ("dense", "index"):
+        raise ValueError(f"path must be 'dense' or 'index', got {path!r}")
+    saved = DENSE_S_BUDGET.get(device_type)
+    DENSE_S_BUDGET[device_type] = 2**62 if path == "dense" else -1
+    try:
+        yield
+    finally:
+        if saved is None:
+            del DENSE_S_BUDGET[device_type]
+        else:
+            DENSE_S_BUDGET[device_type] = saved
 
 
 def _check_k1_v1(meta: KNNMeta) -> None:
@@ -68,7 +90,7 @@ def _node_index(meta: KNNMeta) -> tuple[torch.Tensor, torch.Tensor | None]:
     _check_k1_v1(meta)
 
     def build() -> tuple[torch.Tensor, torch.Tensor | None]:
-        column = meta.input_linear[:, 0]  # [Nout]
+        column = meta.input_linear[:, 0].contiguous()  # [Nout] (a strided column otherwise)
         valid = column < meta.n_in  # [Nout]
         if bool(valid.all()):
             return column, None
@@ -153,8 +175,11 @@ class GatherGemmOps:
         d_sel = weight.t() @ _folded(grad_y)  # [Cin, B*Nout]
         if uses_dense_scatter(meta, grad_y.device):
             s = _scatter_matrix(meta, grad_y.dtype)  # [Nout, Nin]
-            grad_x = d_sel.view(c_in * batch, meta.n_out) @ s  # [Cin*B, Nin]: one GEMM
-            return grad_x.view(c_in, batch, meta.n_in).transpose(0, 1)  # [B, Cin, Nin] view
+            # Reorder the small d_sel to (b, c) rows first, so the GEMM writes grad_x in its
+            # final contiguous layout (copying Nout columns is cheaper than copying Nin).
+            d_rows = d_sel.view(c_in, batch, meta.n_out).transpose(0, 1)  # [B, Cin, Nout] view
+            grad_x = d_rows.reshape(batch * c_in, meta.n_out) @ s  # [B*Cin, Nin]: one GEMM
+            return grad_x.view(batch, c_in, meta.n_in)  # [B, Cin, Nin]
         # Index path: add each output node's gradient onto its input node.
         index, valid = _node_index(meta)
         d_sel = d_sel.view(c_in, batch, meta.n_out)  # [Cin, B, Nout]

@@ -62,21 +62,38 @@ def test_scatter_cache_serves_no_stale_matrix_and_stays_bounded():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
-def test_dense_and_index_paths_agree(device, dtype, monkeypatch):
+def test_dense_and_index_paths_agree(device, dtype):
     """Above the budget grad_input scatters by index instead of multiplying by S: same result."""
     meta = random_meta(1, 1, n_in=40, n_out=30, seed=4, device=device)  # has collisions, padding
     _, w, _ = sample_inputs(meta, dtype=dtype)
     grad_y = torch.randn(2, 4, meta.n_out, device=device).to(dtype)
-    monkeypatch.setitem(gg.DENSE_S_BUDGET, meta.device.type, meta.n_in * meta.n_out)
-    assert gg.uses_dense_scatter(meta, meta.device)
-    dense = GatherGemmOps.grad_input(meta, grad_y, w.detach())
-    monkeypatch.setitem(gg.DENSE_S_BUDGET, meta.device.type, meta.n_in * meta.n_out - 1)
-    assert not gg.uses_dense_scatter(meta, meta.device)
-    index = GatherGemmOps.grad_input(meta, grad_y, w.detach())
+    with gg.forced_grad_input_path("dense", meta.device.type):
+        assert gg.uses_dense_scatter(meta, meta.device)
+        dense = GatherGemmOps.grad_input(meta, grad_y, w.detach())
+    with gg.forced_grad_input_path("index", meta.device.type):
+        assert not gg.uses_dense_scatter(meta, meta.device)
+        index = GatherGemmOps.grad_input(meta, grad_y, w.detach())
     # Both add the same one or two terms per input (at most one collision here) in float32 or
     # wider accumulators, so they agree to the last bit or within one rounding of the dtype.
     torch.testing.assert_close(index, dense, rtol=2 * torch.finfo(dtype).eps, atol=0)
+    assert dense.is_contiguous() and index.is_contiguous()
     assert torch.equal(dense[:, :, -3:], torch.zeros_like(dense[:, :, -3:]))  # unused inputs
+
+
+def test_budget_is_a_size_threshold_and_forcing_restores_it():
+    small = random_meta(1, 1, n_in=4, n_out=3)  # Nout*Nin = 12
+    large = random_meta(1, 1, n_in=400, n_out=300)
+    cpu = torch.device("cpu")
+    assert gg.uses_dense_scatter(small, cpu) and not gg.uses_dense_scatter(large, cpu)
+    before = dict(gg.DENSE_S_BUDGET)
+    with gg.forced_grad_input_path("dense"):
+        assert gg.uses_dense_scatter(large, cpu)
+    assert before == gg.DENSE_S_BUDGET
+    with (
+        pytest.raises(ValueError, match="path must be 'dense' or 'index'"),
+        gg.forced_grad_input_path("sparse"),
+    ):
+        pass
 
 
 def test_forward_is_one_gather_and_one_gemm():
