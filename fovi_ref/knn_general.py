@@ -7,20 +7,19 @@ The operator
 is computed in two steps that never build per-node weights (``Nout*Cout*Cin*K``) nor fovi's dense
 one-hot ``local_rf`` product:
 
-1. *Bin* the neighbours into their cells. ``z[v, c, n, b]`` is the sum of the features of node
+1. *Bin* the neighbours into their cells. ``z[c, v, n, b]`` is the sum of the features of node
    ``n``'s real neighbours that fall in cell ``v`` (zero for an empty cell)::
 
-       z[v, c, n, b] = sum_{k : rf_index[n, k] = v, knn[k, n] real} x[b, c, knn[k, n]]
+       z[c, v, n, b] = sum_{k : rf_index[n, k] = v, knn[k, n] real} x[b, c, knn[k, n]]
 
-2. ONE GEMM with the shared weight over all nodes and the whole batch: ``y = W' @ z`` with ``z``
-   viewed as ``[V*Cin, Nout*B]`` and ``W' [Cout, V*Cin]`` the weight with its columns reordered
-   from ``c*V + v`` to ``v*Cin + c`` (a tiny copy).
+2. ONE GEMM with the shared weight over all nodes and the whole batch: ``y = weight @ z`` with
+   ``z`` viewed as ``[Cin*V, Nout*B]``; its row ``c*V + v`` is exactly the weight's column order.
 
 Both gradients follow from the same two steps run backwards::
 
-    grad_z          = W'^T @ grad_y                                   # [V*Cin, Nout*B]
-    grad_x[b, c, i] = sum_{(k, n) : knn[k, n] = i} grad_z[rf_index[n, k], c, n, b]
-    grad_W'         = grad_y @ z^T                                    # [Cout, V*Cin]
+    grad_z          = weight^T @ grad_y                               # [Cin*V, Nout*B]
+    grad_x[b, c, i] = sum_{(k, n) : knn[k, n] = i} grad_z[c, rf_index[n, k], n, b]
+    grad_weight     = grad_y @ z^T                                    # [Cout, Cin*V]
 
 with ``grad_y`` folded to ``[Cout, Nout*B]``. Step 1 and the ``grad_x`` sum are the same kind of
 operation, a *segment sum* (each output row adds up the input rows listed for it), over the same
@@ -60,10 +59,16 @@ class SegmentSumPlan:
 
     Attributes:
         size: number ``D`` of output rows.
-        rounds: ``(dst, src)`` int64 pairs; within one round every ``dst`` entry is distinct.
+        first: ``[D]`` the source row of every destination's first contribution (0, a dummy,
+            where it has none); round 0 is one gather that writes every output row.
+        empty: destinations with no contribution, zeroed after round 0.
+        rounds: ``(dst, src)`` pairs for the second, third, ... contributions; within one round
+            every ``dst`` entry is distinct.
     """
 
     size: int
+    first: torch.Tensor
+    empty: torch.Tensor
     rounds: tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
 
@@ -76,11 +81,14 @@ def build_segment_sum_plan(dst: torch.Tensor, src: torch.Tensor, size: int) -> S
     order = torch.argsort(dst, stable=True)
     dst, src = dst[order], src[order]  # [E] grouped by destination
     count = torch.bincount(dst, minlength=size)  # [D] contributions per destination
-    first = torch.cumsum(count, 0) - count  # [D] where each destination's group starts
-    rank = torch.arange(dst.numel(), device=dst.device) - first[dst]  # [E] position in its group
+    start = torch.cumsum(count, 0) - count  # [D] where each destination's group starts
+    rank = torch.arange(dst.numel(), device=dst.device) - start[dst]  # [E] position in its group
+    first = torch.zeros(size, dtype=torch.int64, device=dst.device)
+    first[dst[rank == 0]] = src[rank == 0]  # [D]
+    empty = (count == 0).nonzero().flatten()  # destinations nobody writes
     n_rounds = int(rank.max()) + 1 if rank.numel() else 0
-    rounds = tuple((dst[rank == r], src[rank == r]) for r in range(n_rounds))
-    return SegmentSumPlan(size, rounds)
+    rounds = tuple((dst[rank == r], src[rank == r]) for r in range(1, n_rounds))
+    return SegmentSumPlan(size, first, empty, rounds)
 
 
 def segment_sum(values: torch.Tensor, plan: SegmentSumPlan) -> torch.Tensor:
@@ -90,19 +98,19 @@ def segment_sum(values: torch.Tensor, plan: SegmentSumPlan) -> torch.Tensor:
     or ``index_add_`` kernel would; summing in 8 mantissa bits loses accuracy with every round.
     """
     acc_dtype = torch.float32 if values.dtype in (torch.float16, torch.bfloat16) else values.dtype
-    out = values.new_zeros(plan.size, values.shape[1], dtype=acc_dtype)  # [D, P]
-    for r, (dst, src) in enumerate(plan.rounds):
-        picked = values.index_select(0, src).to(acc_dtype)  # [|round|, P] whole rows
-        if r > 0:  # round 0 writes into zeros; later rounds add to what is there
-            picked = out.index_select(0, dst) + picked
+    out = values.index_select(0, plan.first).to(acc_dtype)  # [D, P] round 0: whole rows
+    if plan.empty.numel():
+        out.index_fill_(0, plan.empty, 0)  # no contribution: exactly zero
+    for dst, src in plan.rounds:  # later rounds add to what is there
+        picked = out.index_select(0, dst) + values.index_select(0, src).to(acc_dtype)
         out.index_copy_(0, dst, picked)  # dst distinct within a round: no write collides
     return out.to(values.dtype)
 
 
 @dataclass(frozen=True)
 class _Plans:
-    forward: SegmentSumPlan  # x rows [Cin*Nin, B] -> z rows [V*Cin*Nout, B]
-    backward: SegmentSumPlan  # grad_z rows [V*Cin*Nout, B] -> grad_x rows [Cin*Nin, B]
+    forward: SegmentSumPlan  # x rows [Cin*Nin, B] -> z rows [Cin*V*Nout, B]
+    backward: SegmentSumPlan  # grad_z rows [Cin*V*Nout, B] -> grad_x rows [Cin*Nin, B]
 
 
 _plans_cache = PerMetaCache(maxsize=64)
@@ -116,7 +124,7 @@ def _plans(meta: KNNMeta) -> _Plans:
         real = ~meta.pad_mask  # [K, Nout] padding neighbours take no part, either way
         node, cell, neighbour = n[real], meta.rf_index.t()[real], meta.knn[real]  # [E] k-major
         c = torch.arange(meta.in_channels, device=meta.device)[:, None]  # [Cin, 1]
-        z_row = ((cell * meta.in_channels + c) * meta.n_out + node).reshape(-1)  # [Cin*E] (v,c,n)
+        z_row = ((c * meta.v + cell) * meta.n_out + node).reshape(-1)  # [Cin*E] row (c, v, n)
         x_row = (c * meta.n_in + neighbour).reshape(-1)  # [Cin*E] row (c, i)
         # Entries are listed channel-major, then k-major, so every row sums over increasing k.
         return _Plans(
@@ -127,17 +135,11 @@ def _plans(meta: KNNMeta) -> _Plans:
     return _plans_cache.get(meta, None, build)
 
 
-def _cell_major_weight(meta: KNNMeta, weight: torch.Tensor) -> torch.Tensor:
-    """``W' [Cout, V*Cin]``: column ``v*Cin + c`` holds ``weight[:, c*V + v]``."""
-    c_out = weight.shape[0]
-    return weight.view(c_out, meta.in_channels, meta.v).transpose(1, 2).reshape(c_out, -1)
-
-
 def _binned(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
-    """Step 1: ``z [V*Cin, Nout*B]`` from ``x [B, Cin, Nin]``."""
+    """Step 1: ``z [Cin*V, Nout*B]`` from ``x [B, Cin, Nin]``."""
     x_rows = x.permute(1, 2, 0).reshape(meta.in_channels * meta.n_in, -1)  # [Cin*Nin, B] (copy)
-    z_rows = segment_sum(x_rows, _plans(meta).forward)  # [V*Cin*Nout, B]
-    return z_rows.view(meta.v * meta.in_channels, -1)  # [V*Cin, Nout*B]
+    z_rows = segment_sum(x_rows, _plans(meta).forward)  # [Cin*V*Nout, B]
+    return z_rows.view(meta.in_channels * meta.v, -1)  # [Cin*V, Nout*B]
 
 
 def _folded(grad_y: torch.Tensor) -> torch.Tensor:
@@ -156,7 +158,7 @@ class GeneralOps:
     ) -> torch.Tensor:
         """``x [B, Cin, Nin]``, ``weight [Cout, Cin*V]``, ``bias [Cout]`` -> ``[B, Cout, Nout]``."""
         batch = x.shape[0]
-        y_folded = _cell_major_weight(meta, weight) @ _binned(meta, x)  # [Cout, Nout*B]
+        y_folded = weight @ _binned(meta, x)  # [Cout, Nout*B]: the one GEMM
         y_view = y_folded.view(-1, meta.n_out, batch).permute(2, 0, 1)  # [B, Cout, Nout] view
         y = y_folded.new_empty(batch, weight.shape[0], meta.n_out)  # [B, Cout, Nout]
         if bias is None:
@@ -167,8 +169,8 @@ class GeneralOps:
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]``; padding gets nothing."""
         batch = grad_y.shape[0]
-        grad_z = _cell_major_weight(meta, weight).t() @ _folded(grad_y)  # [V*Cin, Nout*B]
-        grad_z_rows = grad_z.view(-1, batch)  # [V*Cin*Nout, B]
+        grad_z = weight.t() @ _folded(grad_y)  # [Cin*V, Nout*B]
+        grad_z_rows = grad_z.view(-1, batch)  # [Cin*V*Nout, B]
         grad_x_rows = segment_sum(grad_z_rows, _plans(meta).backward)  # [Cin*Nin, B]
         grad_x = grad_x_rows.view(meta.in_channels, meta.n_in, batch).permute(2, 0, 1)
         return grad_x.contiguous()  # [B, Cin, Nin]
@@ -176,9 +178,5 @@ class GeneralOps:
     @staticmethod
     def grad_weight(meta: KNNMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, ``x [B, Cin, Nin]`` -> ``grad_weight [Cout, Cin*V]``."""
-        c_out = grad_y.shape[1]
-        # One GEMM contracting nodes and batch together: [Cout, Nout*B] @ [Nout*B, V*Cin].
-        grad_w_cells = _folded(grad_y) @ _binned(meta, x).t()  # [Cout, V*Cin]
-        # Back to the weight's own column order c*V + v.
-        grad_w = grad_w_cells.view(c_out, meta.v, meta.in_channels).transpose(1, 2)
-        return grad_w.reshape(c_out, -1)  # [Cout, Cin*V]
+        # One GEMM contracting nodes and batch together: [Cout, Nout*B] @ [Nout*B, Cin*V].
+        return _folded(grad_y) @ _binned(meta, x).t()  # [Cout, Cin*V]
