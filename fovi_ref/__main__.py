@@ -176,6 +176,11 @@ def bench_general(args, device, dtype, names) -> list[dict]:
     return rows
 
 
+def alias_of(layer: str) -> str:
+    """``res18_ds2`` for ``layer2.0.downsample.0``; other names unchanged."""
+    return {path: alias for alias, path in RES18_DOWNSAMPLES.items()}.get(layer, layer)
+
+
 def mark(value: float, target: str) -> str:
     return f"{value:.2f}{'' if value <= TARGETS[target] else '!'}"
 
@@ -203,9 +208,8 @@ def run_bench(args: argparse.Namespace) -> None:
             f"{'/general':>9}{'op/direct':>10}"
         )
         for r in ds_rows:
-            alias = {v: k for k, v in RES18_DOWNSAMPLES.items()}.get(r["layer"], r["layer"])
             print(
-                f"{alias:<24}{r['batch']:>6}{r['ms']['gather_gemm']:>9.2f}"
+                f"{alias_of(r['layer']):<24}{r['batch']:>6}{r['ms']['gather_gemm']:>9.2f}"
                 f"{mark(r['gather_gemm / einsum (fovi)'], 'gather_gemm / einsum (fovi)'):>9}"
                 f"{mark(r['gather_gemm / conv2d floor'], 'gather_gemm / conv2d floor'):>9}"
                 f"{mark(r['gather_gemm / gemm floor'], 'gather_gemm / gemm floor'):>9}"
@@ -287,14 +291,22 @@ def plot_bench(path: Path, ds_rows: list[dict], gen_rows: list[dict], meta: dict
         ),
     ]
     for ax, rows, measures, title in panels:
-        labels = [f"{r['layer'].split(',')[0]}\nB={r['batch']}" for r in rows]
+        labels = []
+        for r in rows:
+            first, *others = r["layer"].split(", ")  # layers sharing one graph were timed once
+            shared = f" (+{len(others)})" if others else ""
+            labels.append(f"{alias_of(first)}{shared} B={r['batch']}")
         width = 0.8 / len(measures)
         for j, measure in enumerate(measures):
             xs = [i + j * width for i in range(len(rows))]
             ax.bar(xs, [r[measure] for r in rows], width, label=measure, color=f"C{j}")
             ax.hlines(TARGETS[measure], -0.4, len(rows), colors=f"C{j}", linestyles="--")
         ax.set_xticks(
-            [i + width * (len(measures) - 1) / 2 for i in range(len(rows))], labels, fontsize=7
+            [i + width * (len(measures) - 1) / 2 for i in range(len(rows))],
+            labels,
+            fontsize=7,
+            rotation=30,
+            ha="right",
         )
         ax.set_ylabel("time (or memory) ratio, dashed = target")
         ax.set_title(title)

@@ -15,15 +15,18 @@ A result in ``dtype`` passes when both hold:
    expect. In float16/bfloat16 every backend accumulates in float32 and rounds once at the end, so
    the error is that last rounding, at most ``u`` (the unit roundoff) of the scale: floor ``u``.
    In float32 the error is the accumulation order of an ``n``-term sum, which differs between
-   two correct GEMM kernels by ``~sqrt(n) u``; seen here up to 2.3x between ``gather_gemm`` and
-   ``einsum_baseline`` on res18_ds4 (256-term sums), so the floor is ``sqrt(256) u = 16u``
-   (and the same in float64, where it never binds).
+   two correct GEMM kernels by ``~sqrt(n) u`` (a random walk of roundings); the longest sums in
+   fovi-resnet18 have ``n = Cin*K = 2304`` (y) to ``Cout*K = 4608`` (grad_x) terms, so the floor
+   is ``sqrt(4096) u = 64u`` (3.8e-6). Seen here: in ``python -m fovi_ref verify`` (batch 4)
+   ``general``'s forward on layer4.1.conv1, one ``[512, 2048] @ [2048, 8]`` GEMM, has error 20u
+   where ``einsum_baseline``'s differently shaped GEMM gets 4u; both are correct float32 sums.
+   (In float64 the same floor never binds.)
 2. ``err(op) <= ABSOLUTE[dtype]``: a ceiling that holds whatever the baseline does, so two
    backends cannot drift together. In float16/bfloat16 the error is dominated by rounding the
    output and the intermediate (cell-summed or gathered) features, about ``u`` each, so the
    ceiling is ``8u``. In float32 it is dominated by accumulating up to ``Cin*K`` or ``B*Nout``
-   (~1e4) products, ``~sqrt(n) u`` for random signs, so the ceiling is ``1e-5`` (~84u). In
-   float64 ``1e-12`` is ~4500u: far above rounding, far below any indexing mistake (which shows
+   (~1e4) products, ``~sqrt(n) u`` for random signs, so the ceiling is ``1e-5`` (~170u). In
+   float64 ``1e-12`` is ~9000u: far above rounding, far below any indexing mistake (which shows
    as an error of order 1).
 """
 
@@ -51,8 +54,8 @@ UNIT_ROUNDOFF: dict[torch.dtype, float] = {
 }
 BASELINE_FACTOR = 2.0
 FLOOR: dict[torch.dtype, float] = {
-    torch.float64: 16 * UNIT_ROUNDOFF[torch.float64],
-    torch.float32: 16 * UNIT_ROUNDOFF[torch.float32],
+    torch.float64: 64 * UNIT_ROUNDOFF[torch.float64],
+    torch.float32: 64 * UNIT_ROUNDOFF[torch.float32],
     torch.float16: UNIT_ROUNDOFF[torch.float16],
     torch.bfloat16: UNIT_ROUNDOFF[torch.bfloat16],
 }
