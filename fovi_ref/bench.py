@@ -11,9 +11,11 @@ own autograd path, and for the two floors:
 
 - the **Conv2d floor**: ``F.conv2d`` 1x1 stride 2 with the same channels on the smallest square
   grid with at least ``Nout`` outputs (what a dense CNN pays for a downsample);
-- the **GEMM floor**: the three GEMMs any K = 1 implementation must run (forward, input gradient,
-  weight gradient, each ``[Cout or Cin] x [.., B*Nout]``) plus zero-filling the input gradient,
-  nothing else.
+- the **GEMM floor**: the three GEMMs that every implementation which applies the shared weight
+  to per-cell features runs (forward ``[Cout, Cin*V] @ [Cin*V, B*Nout]``, the input-gradient and
+  the weight-gradient GEMMs of the same sizes) plus zero-filling the input gradient, nothing
+  else. For K = V = 1 that is all a downsample needs; for K > 1 it bounds from below what any
+  such implementation, fovi's einsum included, can reach.
 """
 
 from __future__ import annotations
@@ -159,19 +161,21 @@ def conv2d_floor(inputs: Inputs) -> Contender:
 
 
 def gemm_floor(inputs: Inputs) -> Contender:
-    """The three K = 1 GEMMs of the same shapes plus zero-filling ``grad_x``, nothing else."""
+    """The three GEMMs of this layer's sizes plus zero-filling ``grad_x``, nothing else."""
     meta, like = inputs.meta, inputs.x
     batch, c_out = inputs.grad_y.shape[:2]
-    c_in, cols = meta.in_channels, batch * meta.n_out
-    w = inputs.weight.detach()[:, :c_in].contiguous()  # [Cout, Cin]
-    x_cols = torch.randn(c_in, cols, device=like.device).to(like.dtype)  # [Cin, B*Nout]
+    features, cols = meta.in_channels * meta.v, batch * meta.n_out
+    w = inputs.weight.detach()  # [Cout, Cin*V]
+    x_cols = torch.randn(features, cols, device=like.device).to(like.dtype)  # [Cin*V, B*Nout]
     g_cols = torch.randn(c_out, cols, device=like.device).to(like.dtype)  # [Cout, B*Nout]
 
     def run():
         y = w @ x_cols  # forward
-        d = w.t() @ g_cols  # input gradient
+        d = w.t() @ g_cols  # input gradient (before any scatter)
         gw = g_cols @ x_cols.t()  # weight gradient
-        grad_x = torch.zeros(batch, c_in, meta.n_in, device=like.device, dtype=like.dtype)
+        grad_x = torch.zeros(
+            batch, meta.in_channels, meta.n_in, device=like.device, dtype=like.dtype
+        )
         return y, d, gw, grad_x
 
     return run
