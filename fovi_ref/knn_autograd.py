@@ -29,6 +29,7 @@ buffer; inside the op those tensors are mapped back to their :class:`KNNMeta` (s
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -132,6 +133,8 @@ def _check_call(x: Any, weight: Any, bias: Any, meta: Any, backend: str | None) 
     """
     if not isinstance(meta, KNNMeta):
         raise TypeError(f"meta must be a fovi_ref.KNNMeta, got {type(meta).__name__}")
+    if not torch.compiler.is_compiling():  # tensor versions are eager-mode bookkeeping
+        meta.check_unmodified()
     for name, t in (("x", x), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -173,19 +176,27 @@ def _check_call(x: Any, weight: Any, bias: Any, meta: Any, backend: str | None) 
 
 
 # ---------------------------------------------------- from the op's index tensors back to a meta
-_KNOWN_METAS: OrderedDict[int, tuple[torch.Tensor, torch.Tensor, KNNMeta]] = OrderedDict()
+_KNOWN_METAS: OrderedDict[int, tuple[torch.Tensor, torch.Tensor, Any]] = OrderedDict()
 _KNOWN_METAS_MAX = 64
 
 
-def _remember(meta: KNNMeta, knn: torch.Tensor, rf_index: torch.Tensor) -> None:
+def _remember(meta: KNNMeta, knn: torch.Tensor, rf_index: torch.Tensor, *, own: bool) -> None:
     """Note that ``(knn, rf_index)`` are the index tensors of ``meta`` (bounded LRU).
 
-    The entry holds the tensors themselves, so their ``id`` cannot be reused while it lives.
+    The entry holds the (small) index tensors, so their ``id`` cannot be reused while it lives.
+    A meta someone else owns (the one passed to :func:`knn_conv`) is held weakly, so the entry
+    never keeps it or its caches alive; a meta built here has no other owner and is held
+    strongly, or its caches would be rebuilt on every call.
     """
-    _KNOWN_METAS[id(knn)] = (knn, rf_index, meta)
+    _KNOWN_METAS[id(knn)] = (knn, rf_index, meta if own else weakref.ref(meta))
     _KNOWN_METAS.move_to_end(id(knn))
     while len(_KNOWN_METAS) > _KNOWN_METAS_MAX:
         _KNOWN_METAS.popitem(last=False)
+
+
+def _deref(held: Any) -> KNNMeta | None:
+    """The meta of a :data:`_KNOWN_METAS` entry (``None`` if a weakly held one has died)."""
+    return held() if isinstance(held, weakref.ref) else held
 
 
 def _meta_for(knn: torch.Tensor, rf_index: torch.Tensor, n_in: int, in_channels: int, v: int):
@@ -198,21 +209,23 @@ def _meta_for(knn: torch.Tensor, rf_index: torch.Tensor, n_in: int, in_channels:
     sizes = (n_in, in_channels, v)
     entry = _KNOWN_METAS.get(id(knn))
     if entry is not None and entry[0] is knn and entry[1] is rf_index:
-        meta = entry[2]
-        if (meta.n_in, meta.in_channels, meta.v) == sizes:
+        meta = _deref(entry[2])
+        if meta is not None and (meta.n_in, meta.in_channels, meta.v) == sizes:
             return meta
-    for known_knn, known_rf, meta in reversed(_KNOWN_METAS.values()):
+    for known_knn, known_rf, held in reversed(_KNOWN_METAS.values()):
+        meta = _deref(held)
         if (
-            (meta.n_in, meta.in_channels, meta.v) == sizes
+            meta is not None
+            and (meta.n_in, meta.in_channels, meta.v) == sizes
             and known_knn.shape == knn.shape
             and known_knn.device == knn.device
             and torch.equal(known_knn, knn)
             and torch.equal(known_rf, rf_index)
         ):
-            _remember(meta, knn, rf_index)
+            _remember(meta, knn, rf_index, own=not isinstance(held, weakref.ref))
             return meta
     meta = KNNMeta.from_knn(knn, rf_index, n_in=n_in, in_channels=in_channels, v=v)
-    _remember(meta, knn, rf_index)
+    _remember(meta, knn, rf_index, own=True)
     return meta
 
 
@@ -325,5 +338,5 @@ def knn_conv(
     if (
         not torch.compiler.is_compiling()
     ):  # the tracer cannot follow this bookkeeping; see _meta_for
-        _remember(meta, meta.knn, meta.rf_index)
+        _remember(meta, meta.knn, meta.rf_index, own=False)
     return _knn_conv_op(x, weight, bias, meta.knn, meta.rf_index, meta.n_in, meta.v, name)

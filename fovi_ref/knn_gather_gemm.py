@@ -134,8 +134,9 @@ def _gathered_columns(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
     return x_sel.transpose(0, 1).reshape(c_in, batch * meta.n_out)  # [Cin, B*Nout] (copy)
 
 
-def _folded(grad_y: torch.Tensor) -> torch.Tensor:
-    """``[B, Cout, Nout] -> [Cout, B*Nout]``, the GEMM layout of :func:`_gathered_columns`."""
+def _grad_y_batch_major(grad_y: torch.Tensor) -> torch.Tensor:
+    """``[B, Cout, Nout] -> [Cout, B*Nout]`` (columns ordered batch, then node), the GEMM layout
+    of :func:`_gathered_columns`."""
     return grad_y.transpose(0, 1).reshape(grad_y.shape[1], -1)  # copy unless already laid out so
 
 
@@ -162,7 +163,9 @@ class GatherGemmOps:
         """``x [B, Cin, Nin]``, ``weight [Cout, Cin]``, ``bias [Cout]`` -> ``[B, Cout, Nout]``."""
         batch = x.shape[0]
         y_folded = weight @ _gathered_columns(meta, x)  # [Cout, B*Nout]: the one GEMM
-        y_view = y_folded.view(-1, batch, meta.n_out).transpose(0, 1)  # [B, Cout, Nout] view
+        y_view = y_folded.view(weight.shape[0], batch, meta.n_out).transpose(
+            0, 1
+        )  # [B, Cout, Nout]
         y = y_folded.new_empty(batch, weight.shape[0], meta.n_out)  # [B, Cout, Nout] contiguous
         if bias is None:
             return y.copy_(y_view)
@@ -172,7 +175,7 @@ class GatherGemmOps:
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]`` by ``(W^T grad_y) S``."""
         batch, c_in = grad_y.shape[0], weight.shape[1]
-        d_sel = weight.t() @ _folded(grad_y)  # [Cin, B*Nout]
+        d_sel = weight.t() @ _grad_y_batch_major(grad_y)  # [Cin, B*Nout]
         if uses_dense_scatter(meta, grad_y.device):
             s = _scatter_matrix(meta, grad_y.dtype)  # [Nout, Nin]
             # Reorder the small d_sel to (b, c) rows first, so the GEMM writes grad_x in its
@@ -193,4 +196,4 @@ class GatherGemmOps:
     def grad_weight(meta: KNNMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, ``x [B, Cin, Nin]`` -> ``grad_weight [Cout, Cin]``."""
         # One GEMM contracting batch and nodes together: [Cout, B*Nout] @ [B*Nout, Cin].
-        return _folded(grad_y) @ _gathered_columns(meta, x).t()  # [Cout, Cin]
+        return _grad_y_batch_major(grad_y) @ _gathered_columns(meta, x).t()  # [Cout, Cin]

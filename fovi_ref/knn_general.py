@@ -142,8 +142,9 @@ def _binned(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
     return z_rows.view(meta.in_channels * meta.v, -1)  # [Cin*V, Nout*B]
 
 
-def _folded(grad_y: torch.Tensor) -> torch.Tensor:
-    """``[B, Cout, Nout] -> [Cout, Nout*B]``, the GEMM layout of ``z`` (a copy)."""
+def _grad_y_node_major(grad_y: torch.Tensor) -> torch.Tensor:
+    """``[B, Cout, Nout] -> [Cout, Nout*B]`` (columns ordered node, then batch), the GEMM layout
+    of ``z`` (a copy)."""
     return grad_y.permute(1, 2, 0).reshape(grad_y.shape[1], -1)
 
 
@@ -159,7 +160,9 @@ class GeneralOps:
         """``x [B, Cin, Nin]``, ``weight [Cout, Cin*V]``, ``bias [Cout]`` -> ``[B, Cout, Nout]``."""
         batch = x.shape[0]
         y_folded = weight @ _binned(meta, x)  # [Cout, Nout*B]: the one GEMM
-        y_view = y_folded.view(-1, meta.n_out, batch).permute(2, 0, 1)  # [B, Cout, Nout] view
+        y_view = y_folded.view(weight.shape[0], meta.n_out, batch).permute(
+            2, 0, 1
+        )  # [B, Cout, Nout]
         y = y_folded.new_empty(batch, weight.shape[0], meta.n_out)  # [B, Cout, Nout]
         if bias is None:
             return y.copy_(y_view)
@@ -169,8 +172,8 @@ class GeneralOps:
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]``; padding gets nothing."""
         batch = grad_y.shape[0]
-        grad_z = weight.t() @ _folded(grad_y)  # [Cin*V, Nout*B]
-        grad_z_rows = grad_z.view(-1, batch)  # [Cin*V*Nout, B]
+        grad_z = weight.t() @ _grad_y_node_major(grad_y)  # [Cin*V, Nout*B]
+        grad_z_rows = grad_z.view(meta.in_channels * meta.v * meta.n_out, batch)  # [Cin*V*Nout, B]
         grad_x_rows = segment_sum(grad_z_rows, _plans(meta).backward)  # [Cin*Nin, B]
         grad_x = grad_x_rows.view(meta.in_channels, meta.n_in, batch).permute(2, 0, 1)
         return grad_x.contiguous()  # [B, Cin, Nin]
@@ -179,4 +182,4 @@ class GeneralOps:
     def grad_weight(meta: KNNMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, ``x [B, Cin, Nin]`` -> ``grad_weight [Cout, Cin*V]``."""
         # One GEMM contracting nodes and batch together: [Cout, Nout*B] @ [Nout*B, Cin*V].
-        return _folded(grad_y) @ _binned(meta, x).t()  # [Cout, Cin*V]
+        return _grad_y_node_major(grad_y) @ _binned(meta, x).t()  # [Cout, Cin*V]

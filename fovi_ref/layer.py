@@ -19,9 +19,10 @@ __all__ = ["KNNConv"]
 class KNNConv(nn.Module):
     """``y = knn_conv(x, weight, bias, meta)``: ``x [B, Cin, Nin]`` -> ``y [B, Cout, Nout]``.
 
-    The meta's index tensors are registered as buffers (``knn``, ``rf_index``), so ``.to(device)``
-    and ``state_dict`` carry the graph; the layer rebuilds its :attr:`meta` whenever they change
-    (a move, or loading a state dict, which is validated like any new graph).
+    The layer keeps its own copy of the graph, registered as buffers (``knn``, ``rf_index``), so
+    ``.to(device)`` and ``state_dict`` carry it; the layer rebuilds (and validates) its
+    :attr:`meta` whenever they change through a move or ``load_state_dict``. Editing the buffers
+    in place is refused at the next forward (the meta's caches would be stale).
 
     Args:
         in_channels: ``Cin``; must equal ``meta.in_channels``.
@@ -54,9 +55,10 @@ class KNNConv(nn.Module):
         self.backend = backend
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels * meta.v))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+        self._n_in, self._v = meta.n_in, meta.v
         self.register_buffer("knn", meta.knn)
         self.register_buffer("rf_index", meta.rf_index)
-        self._meta = meta
+        self._use_buffers_as_meta()  # a private meta: editing it cannot touch the caller's
         nn.init.kaiming_normal_(self.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
@@ -76,20 +78,17 @@ class KNNConv(nn.Module):
         """fovi's one-hot cell assignment, ``[Nout, K, V]`` (built on demand)."""
         return self._meta.local_rf()
 
-    def _use_buffers_as_meta(self, validate: bool) -> None:
-        """Rebuild :attr:`meta` from the ``knn`` and ``rf_index`` buffers."""
-        sizes = {"n_in": self._meta.n_in, "in_channels": self.in_channels, "v": self._meta.v}
-        if validate:
-            meta = KNNMeta.from_knn(self.knn, self.rf_index, **sizes)
-        else:  # the same validated content, only moved
-            meta = KNNMeta(self.knn, self.rf_index, **sizes)
+    def _use_buffers_as_meta(self) -> None:
+        """Build :attr:`meta` (validated, with its own copies) from the ``knn`` and ``rf_index``
+        buffers, and make the buffers those copies, so buffers and meta share storage."""
+        meta = KNNMeta(self.knn, self.rf_index, self._n_in, self.in_channels, self._v)
         self._meta = meta
-        self.knn, self.rf_index = meta.knn, meta.rf_index  # buffers and meta share storage
+        self.knn, self.rf_index = meta.knn, meta.rf_index
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         if self.knn is not self._meta.knn or self.rf_index is not self._meta.rf_index:
-            self._use_buffers_as_meta(validate=False)
+            self._use_buffers_as_meta()  # moved (or emptied by to_empty: then validation fails)
         return self
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -97,7 +96,7 @@ class KNNConv(nn.Module):
         # that meta (and every cache keyed on it) never sees its indices change underneath it.
         self.knn, self.rf_index = self.knn.clone(), self.rf_index.clone()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self._use_buffers_as_meta(validate=True)
+        self._use_buffers_as_meta()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, Cin, Nin]`` -> ``y [B, Cout, Nout]``."""

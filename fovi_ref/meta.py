@@ -70,9 +70,10 @@ def _check_range(name: str, t: torch.Tensor, low: int, high: int, what: str) -> 
 class KNNMeta:
     """Immutable description of one KNN-convolution graph (see the module docstring).
 
-    Build it with :meth:`from_knn`, :meth:`from_local_rf` or :meth:`from_layer`, which validate;
-    the constructor itself does not. Equality is identity (two metas built from the same tensors
-    are different objects); compare graphs with :meth:`same_graph`.
+    Build it with :meth:`from_knn`, :meth:`from_local_rf` or :meth:`from_layer` (the constructor
+    takes the same arguments as :meth:`from_knn`). Every construction validates and takes private
+    int64 copies of the index tensors. Equality is identity (two metas built from the same
+    tensors are different objects); compare graphs with :meth:`same_graph`.
 
     Attributes:
         knn: ``[K, Nout]`` int64, entries in ``[0, n_in]``; ``n_in`` marks padding.
@@ -87,6 +88,42 @@ class KNNMeta:
     n_in: int
     in_channels: int
     v: int
+
+    def __post_init__(self) -> None:
+        n_in = _check_positive_int("n_in", self.n_in)
+        _check_positive_int("in_channels", self.in_channels)
+        v = _check_positive_int("v", self.v)
+        knn = _check_index_tensor("knn", self.knn, 2)
+        rf_index = _check_index_tensor("rf_index", self.rf_index, 2)
+        k, n_out = knn.shape
+        if k < 1 or n_out < 1:
+            raise ValueError(f"knn must be [K, Nout] with K, Nout >= 1, got {tuple(knn.shape)}")
+        if tuple(rf_index.shape) != (n_out, k):
+            raise ValueError(
+                f"rf_index must be [Nout, K] = [{n_out}, {k}] to match knn {tuple(knn.shape)}, "
+                f"got {tuple(rf_index.shape)}"
+            )
+        if rf_index.device != knn.device:
+            raise ValueError(
+                f"knn and rf_index must be on one device, got {knn.device} and {rf_index.device}"
+            )
+        _check_range("knn", knn, 0, n_in, f"n_in = {n_in} marks padding")
+        _check_range("rf_index", rf_index, 0, v - 1, f"v = {v} cells")
+        # Private contiguous copies: the meta must not change if the caller edits its tensors.
+        # (object.__setattr__ because the dataclass is frozen.)
+        knn, rf_index = knn.clone().contiguous(), rf_index.clone().contiguous()
+        object.__setattr__(self, "knn", knn)
+        object.__setattr__(self, "rf_index", rf_index)
+        object.__setattr__(self, "_versions", (knn._version, rf_index._version))
+
+    def check_unmodified(self) -> None:
+        """Raise if the index tensors were edited in place after the meta was built (through a
+        layer's ``knn``/``rf_index`` buffers, say): caches derived from the meta would be stale."""
+        if (self.knn._version, self.rf_index._version) != self._versions:
+            raise ValueError(
+                "this meta's knn/rf_index were modified in place after it was built; build a new "
+                "KNNMeta (or load a state dict into the layer) instead"
+            )
 
     # ----------------------------------------------------------------------------- builders
     @classmethod
@@ -106,27 +143,7 @@ class KNNMeta:
             rf_index: ``[Nout, K]`` integer tensor, entries in ``[0, v)``, same device as ``knn``.
             n_in: number of input nodes. in_channels: ``Cin``. v: number of cells ``V``.
         """
-        n_in = _check_positive_int("n_in", n_in)
-        in_channels = _check_positive_int("in_channels", in_channels)
-        v = _check_positive_int("v", v)
-        knn = _check_index_tensor("knn", knn, 2)
-        rf_index = _check_index_tensor("rf_index", rf_index, 2)
-        k, n_out = knn.shape
-        if k < 1 or n_out < 1:
-            raise ValueError(f"knn must be [K, Nout] with K, Nout >= 1, got {tuple(knn.shape)}")
-        if tuple(rf_index.shape) != (n_out, k):
-            raise ValueError(
-                f"rf_index must be [Nout, K] = [{n_out}, {k}] to match knn {tuple(knn.shape)}, "
-                f"got {tuple(rf_index.shape)}"
-            )
-        if rf_index.device != knn.device:
-            raise ValueError(
-                f"knn and rf_index must be on one device, got {knn.device} and {rf_index.device}"
-            )
-        _check_range("knn", knn, 0, n_in, f"n_in = {n_in} marks padding")
-        _check_range("rf_index", rf_index, 0, v - 1, f"v = {v} cells")
-        # Private contiguous copies: the meta must not change if the caller edits its tensors.
-        return cls(knn.clone().contiguous(), rf_index.clone().contiguous(), n_in, in_channels, v)
+        return cls(knn, rf_index, n_in, in_channels, v)
 
     @classmethod
     def from_local_rf(

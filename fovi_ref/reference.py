@@ -38,7 +38,7 @@ def knn_conv_reference(
     y = torch.zeros(batch, c_out, meta.n_out, dtype=torch.float64, device=x.device)
     # One neighbour slot k at a time, all output nodes n at once: the sum over k in the formula.
     for k in range(meta.k):
-        real = meta.knn[k] < meta.n_in  # [Nout] False for padding neighbours
+        real = meta.knn[k] != meta.n_in  # [Nout] False for padding neighbours
         neighbour = meta.knn[k].clamp(max=meta.n_in - 1)  # [Nout] padding rows are zeroed below
         x_k = torch.where(real, x[:, :, neighbour], 0.0)  # [B, Cin, Nout] x[b, c, knn[k, n]]
         w_k = w[:, :, meta.rf_index[:, k]]  # [Cout, Cin, Nout] weight[o, c*V + rf_index[n, k]]

@@ -17,7 +17,7 @@ from fovi_ref.meta import KNNMeta
 from fovi_ref.reference import knn_conv_reference
 from fovi_ref.tolerances import Verdict, judge
 
-__all__ = ["QUANTITIES", "Check", "backends_for", "verify_meta"]
+__all__ = ["QUANTITIES", "Check", "backends_for", "forward_and_grads", "verify_meta"]
 
 QUANTITIES = ("y", "grad_x", "grad_weight", "grad_bias")
 BASELINE = "einsum_baseline"
@@ -45,13 +45,27 @@ def backends_for(meta: KNNMeta) -> list[str]:
     return names
 
 
-def _forward_and_grads(x, w, b, meta, grad_y, backend):
-    x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
+def forward_and_grads(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    meta: KNNMeta,
+    grad_y: torch.Tensor,
+    backend: str | None,
+) -> tuple[torch.Tensor | None, ...]:
+    """``(y, grad_x, grad_weight, grad_bias)`` of one forward and backward with upstream
+    gradient ``grad_y``, through ``knn_conv`` on ``backend``, or the oracle for ``None``.
+    The inputs are used detached (their own ``.grad`` is never touched); ``grad_bias`` is
+    ``None`` without a bias."""
+    x, w = (t.detach().requires_grad_() for t in (x, w))
+    b = None if b is None else b.detach().requires_grad_()
     if backend is None:
         y = knn_conv_reference(x, w, b, meta)
     else:
         y = knn_conv(x, w, b, meta, backend=backend)
-    return (y.detach(), *torch.autograd.grad(y, (x, w, b), grad_y.to(y.dtype)))
+    leaves = (x, w) if b is None else (x, w, b)
+    grads = torch.autograd.grad(y, leaves, grad_y.to(y.dtype))
+    return (y.detach(), *grads, *([None] if b is None else []))
 
 
 def verify_meta(
@@ -75,12 +89,10 @@ def verify_meta(
     checks = []
     for dtype in dtypes:
         x, w, b, gy = (t.to(device=device, dtype=dtype) for t in (x64, w64, b64, gy64))
-        expected = _forward_and_grads(x.double(), w.double(), b.double(), meta, gy.double(), None)
-        baseline = _forward_and_grads(x, w, b, meta, gy, BASELINE)
+        expected = forward_and_grads(x.double(), w.double(), b.double(), meta, gy.double(), None)
+        baseline = forward_and_grads(x, w, b, meta, gy, BASELINE)
         for backend in backends_for(meta):
-            got = (
-                baseline if backend == BASELINE else _forward_and_grads(x, w, b, meta, gy, backend)
-            )
+            got = baseline if backend == BASELINE else forward_and_grads(x, w, b, meta, gy, backend)
             for quantity, value, ref, base in zip(QUANTITIES, got, expected, baseline, strict=True):
                 verdict = judge(value, ref, None if backend == BASELINE else base)
                 checks.append(Check(layer, backend, route(meta), dtype, quantity, verdict))

@@ -9,26 +9,12 @@ from conftest import DEVICES, LOW_PRECISION, random_meta, sample_inputs
 
 from fovi_ref import KNNMeta, knn_conv
 from fovi_ref.grid import conv2d_grid_meta, to_grid, to_nodes
-from fovi_ref.reference import knn_conv_reference
 from fovi_ref.tolerances import judge
+from fovi_ref.verify import backends_for, forward_and_grads
 
 KS = [1, 2, 4, 9, 49]
 VS = [1, 4, 9, 49]
 GRAPHS = [(k, v) for k in KS for v in VS]
-
-
-def backends_for(k: int, v: int) -> list[str]:
-    return ["general", "einsum_baseline"] + (["gather_gemm"] if k == v == 1 else [])
-
-
-def outputs_and_grads(x, w, b, meta, grad_y, backend=None):
-    """``(y, grad_x, grad_w, grad_b)`` through ``knn_conv`` (``backend=None``: the oracle)."""
-    if backend is None:
-        y = knn_conv_reference(x, w, b, meta)
-    else:
-        y = knn_conv(x, w, b, meta, backend=backend)
-    grads = torch.autograd.grad(y, (x, w, b), grad_y.to(y.dtype))
-    return (y, *grads)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -37,9 +23,9 @@ def test_float64_matches_oracle(k, v, device):
     meta = random_meta(k, v, seed=k * 100 + v, device=device)
     x, w, b = sample_inputs(meta)
     grad_y = torch.randn(2, 4, meta.n_out, dtype=torch.float64, device=device)
-    expected = outputs_and_grads(x, w, b, meta, grad_y)
-    for backend in backends_for(k, v):
-        got = outputs_and_grads(x, w, b, meta, grad_y, backend)
+    expected = forward_and_grads(x, w, b, meta, grad_y, None)
+    for backend in backends_for(meta):
+        got = forward_and_grads(x, w, b, meta, grad_y, backend)
         for what, g, e in zip(("y", "grad_x", "grad_w", "grad_b"), got, expected, strict=True):
             verdict = judge(g, e)
             assert verdict.ok, f"{backend} {what}: {verdict}"
@@ -55,10 +41,10 @@ def test_low_precision_within_baseline_error(k, v, dtype, device):
     grad_y = torch.randn(4, 32, meta.n_out, device=device).to(dtype)
     # The oracle sees the same rounded inputs, so only the backends' own arithmetic is judged.
     x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
-    expected = outputs_and_grads(x64, w64, b64, meta, grad_y.double())
-    baseline = outputs_and_grads(x, w, b, meta, grad_y, "einsum_baseline")
-    for backend in backends_for(k, v):
-        got = outputs_and_grads(x, w, b, meta, grad_y, backend)
+    expected = forward_and_grads(x64, w64, b64, meta, grad_y.double(), None)
+    baseline = forward_and_grads(x, w, b, meta, grad_y, "einsum_baseline")
+    for backend in backends_for(meta):
+        got = forward_and_grads(x, w, b, meta, grad_y, backend)
         names = ("y", "grad_x", "grad_w", "grad_b")
         for what, g, e, base in zip(names, got, expected, baseline, strict=True):
             assert g.dtype == dtype
@@ -71,7 +57,7 @@ def test_low_precision_within_baseline_error(k, v, dtype, device):
 def test_gradcheck(k, v, device):
     meta = random_meta(k, v, n_in=12, n_out=8, in_channels=2, seed=3, device=device)
     x, w, b = sample_inputs(meta, out_channels=3)
-    for backend in backends_for(k, v):
+    for backend in backends_for(meta):
 
         def fn(x, w, b, backend=backend):
             return knn_conv(x, w, b, meta, backend=backend)
@@ -85,8 +71,8 @@ def test_gather_gemm_equals_general_on_k1_v1(seed, device):
     meta = random_meta(1, 1, n_in=50, n_out=40, in_channels=5, seed=seed, device=device)
     x, w, b = sample_inputs(meta, out_channels=6, batch=3)
     grad_y = torch.randn(3, 6, meta.n_out, dtype=torch.float64, device=device)
-    general = outputs_and_grads(x, w, b, meta, grad_y, "general")
-    gather = outputs_and_grads(x, w, b, meta, grad_y, "gather_gemm")
+    general = forward_and_grads(x, w, b, meta, grad_y, "general")
+    gather = forward_and_grads(x, w, b, meta, grad_y, "gather_gemm")
     for g, e in zip(gather, general, strict=True):
         # The same sums in another order: in float64 that is ~1e-16 apart; any indexing
         # difference would be of order 1.
@@ -118,7 +104,7 @@ def test_grid_meta_equals_conv2d(height, width, kernel, stride, padding, device)
     expected = F.conv2d(image, conv_w, bias, stride=stride, padding=padding)
     grad_y = torch.randn_like(expected)
     expected_grads = torch.autograd.grad(expected, (image, conv_w, bias), grad_y)
-    for backend in backends_for(meta.k, meta.v):
+    for backend in backends_for(meta):
         y = knn_conv(to_nodes(image), conv_w.reshape(c_out, -1), bias, meta, backend=backend)
         y = to_grid(y, *expected.shape[2:])
         grads = torch.autograd.grad(y, (image, conv_w, bias), grad_y)
@@ -130,14 +116,15 @@ def test_grid_meta_equals_conv2d(height, width, kernel, stride, padding, device)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k,v", [(1, 1), (9, 9), (4, 1)])
 def test_padding_contributes_exact_zero_and_gets_no_gradient(k, v, device):
-    """Outputs whose neighbours are all padding equal the bias exactly, whatever x holds, and
-    inputs read only through padding entries get exactly zero gradient."""
+    """Outputs whose neighbours are all padding equal the bias exactly, and inputs that no real
+    neighbour entry reads get exactly zero gradient (a padding entry must not leak a gradient
+    into any input; the oracle tests catch a leak into an input that is also read)."""
     meta = random_meta(k, v, seed=11, device=device)
     knn = meta.knn.clone()
     knn[:, 3] = meta.n_in  # node 3: padding only
     meta = KNNMeta.from_knn(knn, meta.rf_index, n_in=meta.n_in, in_channels=3, v=v)
     x, w, b = sample_inputs(meta, dtype=torch.float32)
-    for backend in backends_for(k, v):
+    for backend in backends_for(meta):
         y = knn_conv(x, w, b, meta, backend=backend)
         assert torch.equal(y[:, :, 3], b.detach().expand(2, -1)), backend
         (grad_x,) = torch.autograd.grad(y, x, torch.ones_like(y))
@@ -152,7 +139,40 @@ def test_general_backward_is_deterministic(device):
     meta = random_meta(9, 9, n_in=80, n_out=60, in_channels=8, seed=5, device=device)
     x, w, b = sample_inputs(meta, out_channels=16, batch=4, dtype=torch.float32)
     grad_y = torch.randn(4, 16, meta.n_out, device=device)
-    first = outputs_and_grads(x, w, b, meta, grad_y, "general")
+    first = forward_and_grads(x, w, b, meta, grad_y, "general")
     for _ in range(3):
-        again = outputs_and_grads(x, w, b, meta, grad_y, "general")
+        again = forward_and_grads(x, w, b, meta, grad_y, "general")
         assert all(torch.equal(a, f) for a, f in zip(again, first, strict=True))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,v", [(1, 1), (9, 9), (4, 1)])
+def test_batch_sizes_zero_and_one(k, v, device):
+    meta = random_meta(k, v, device=device)
+    for batch in (0, 1):
+        x, w, b = sample_inputs(meta, batch=batch)
+        grad_y = torch.randn(batch, 4, meta.n_out, dtype=torch.float64, device=device)
+        expected = forward_and_grads(x, w, b, meta, grad_y, None)
+        for backend in backends_for(meta):
+            got = forward_and_grads(x, w, b, meta, grad_y, backend)
+            assert got[0].shape == (batch, 4, meta.n_out)
+            for g, e in zip(got, expected, strict=True):
+                torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,v", [(1, 1), (9, 9)])
+def test_non_contiguous_operands(k, v, device):
+    """Transposed x, weight and grad_y give the same results as contiguous ones."""
+    meta = random_meta(k, v, device=device)
+    x, w, b = sample_inputs(meta, batch=3)
+    grad_y = torch.randn(3, 4, meta.n_out, dtype=torch.float64, device=device)
+    x_t = x.detach().transpose(1, 2).contiguous().transpose(1, 2)  # [B, Cin, Nin], strided
+    w_t = w.detach().t().contiguous().t()  # [Cout, Cin*V], column-major
+    g_t = grad_y.transpose(0, 2).contiguous().transpose(0, 2)
+    assert not (x_t.is_contiguous() or w_t.is_contiguous() or g_t.is_contiguous())
+    for backend in backends_for(meta):
+        got = forward_and_grads(x_t, w_t, b, meta, g_t, backend)
+        expected = forward_and_grads(x, w, b, meta, grad_y, backend)
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)

@@ -9,21 +9,27 @@ from conftest import DEVICES, random_meta, sample_inputs
 
 from fovi_ref import KNNConv, available_ops, get_ops, knn_conv, knn_gather_gemm, route
 from fovi_ref.knn_autograd import _knn_conv_op
+from fovi_ref.knn_gather_gemm import forced_grad_input_path
 from fovi_ref.tolerances import judge
+
+# The K=1 graph runs once with each grad_input path of gather_gemm (dense S and index).
+GRAPHS = [(1, 1, "dense"), (1, 1, "index"), (9, 9, None)]
+GRAPH_IDS = ["k1-dense_S", "k1-index", "k9"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
-@pytest.mark.parametrize("k,v", [(1, 1), (9, 9)])
-def test_opcheck(k, v, bias, dtype, device):
+@pytest.mark.parametrize("k,v,path", GRAPHS, ids=GRAPH_IDS)
+def test_opcheck(k, v, path, bias, dtype, device):
     """Schema, fake tensor, autograd registration and AOT dispatch, checked by torch itself.
     The K=9 graph has padding and shared cells (see random_meta)."""
     meta = random_meta(k, v, device=device)
     assert meta.has_padding
     x, w, b = sample_inputs(meta, dtype=dtype, bias=bias)
     args = (x, w, b, meta.knn, meta.rf_index, meta.n_in, meta.v, route(meta))
-    torch.library.opcheck(_knn_conv_op, args)
+    with forced_grad_input_path(path or "index", meta.device.type):
+        torch.library.opcheck(_knn_conv_op, args)
 
 
 def two_layer_model(device="cpu"):
@@ -47,18 +53,26 @@ def assert_float32_close(got, expected):
         assert verdict.ok, verdict
 
 
+@pytest.mark.parametrize("path", ["dense", "index"], ids=["dense_S", "index"])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-def test_compile_fullgraph_matches_eager(dynamic):
+def test_compile_fullgraph_matches_eager(dynamic, path):
     torch._dynamo.reset()
     model = two_layer_model()
     compiled = torch.compile(model, fullgraph=True, dynamic=dynamic)  # fullgraph: no breaks
-    for batch in (4, 3) if dynamic else (4,):
-        x = torch.randn(batch, 3, 40, requires_grad=True)
-        assert_float32_close(forward_and_grads(compiled, x), forward_and_grads(model, x))
-    # The dense scatter matrix of the gather_gemm layer is cached across compiled calls too.
-    builds = knn_gather_gemm._scatter_cache.builds
-    forward_and_grads(compiled, torch.randn(3, 3, 40, requires_grad=True))
-    assert knn_gather_gemm._scatter_cache.builds == builds
+    with forced_grad_input_path(path):
+        for batch in (4, 3) if dynamic else (4,):
+            x = torch.randn(batch, 3, 40, requires_grad=True)
+            assert_float32_close(forward_and_grads(compiled, x), forward_and_grads(model, x))
+        # The dense scatter matrix of the gather_gemm layer is built once, then served from the
+        # cache to compiled calls too.
+        builds = knn_gather_gemm._scatter_cache.builds
+        forward_and_grads(compiled, torch.randn(3, 3, 40, requires_grad=True))
+        assert knn_gather_gemm._scatter_cache.builds == builds
+        if path == "dense":
+            assert any(
+                entry[0]() is model[2].meta
+                for entry in knn_gather_gemm._scatter_cache._entries.values()
+            )
 
 
 def test_export_runs_and_matches_eager():
@@ -109,3 +123,18 @@ def test_deterministic_mode_bitwise_identical(backend, device, deterministic):
         runs.append([y, *torch.autograd.grad(y, (x, w, b), torch.ones_like(y))])
     for first, second in zip(*runs, strict=True):
         assert torch.equal(first, second)
+
+
+def test_known_metas_hold_user_metas_weakly():
+    import gc
+    import weakref
+
+    from fovi_ref.knn_autograd import _KNOWN_METAS
+
+    meta = random_meta(4, 4, seed=123)
+    knn_conv(*sample_inputs(meta), meta)
+    ref = weakref.ref(meta)
+    del meta
+    gc.collect()
+    assert ref() is None  # remembered for the op, but not kept alive by it
+    assert len(_KNOWN_METAS) <= 64

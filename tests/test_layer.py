@@ -81,3 +81,27 @@ def test_forced_backend_and_bad_arguments():
     with pytest.raises(TypeError, match="meta must be a fovi_ref.KNNMeta"):
         KNNConv(3, 5, meta.knn)
     assert isinstance(layer.meta, KNNMeta)
+
+
+def test_layer_owns_its_graph_and_refuses_in_place_edits():
+    meta = random_meta(1, 1)
+    layer = KNNConv(3, 5, meta)
+    assert layer.knn is not meta.knn  # editing the layer cannot touch the caller's meta
+    x = torch.randn(2, 3, meta.n_in)
+    layer(x)
+    with torch.no_grad():
+        layer.knn[0, 5] = (layer.knn[0, 5] + 1) % meta.n_in
+    with pytest.raises(ValueError, match="modified in place"):
+        layer(x)
+    assert meta.same_graph(random_meta(1, 1))
+
+
+def test_buffers_replaced_with_garbage_are_refused():
+    """Whatever replaces the buffers (to_empty's uninitialised memory, say) is validated."""
+    layer = KNNConv(3, 5, random_meta(4, 4))
+
+    def garbage(t):
+        return torch.full_like(t, 10**6) if t.dtype == torch.int64 else t
+
+    with pytest.raises(ValueError, match="knn entries must lie in"):
+        layer._apply(garbage)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from conftest import random_meta
 
 from fovi_ref import bench
 from fovi_ref.__main__ import main
-from fovi_ref.knn_gather_gemm import uses_dense_scatter
+from fovi_ref.knn_gather_gemm import forced_grad_input_path
 
 
 def test_verify_writes_results_and_passes(tmp_path, capsys):
@@ -74,12 +75,17 @@ def test_peak_memory_sees_a_temporary():
     assert 4 * 2**20 <= peak < 5 * 2**20
 
 
-def test_op_counts_of_gather_gemm_forward_and_backward():
+@pytest.mark.parametrize("path", ["dense", "index"])
+def test_op_counts_of_gather_gemm_forward_and_backward(path):
     meta = random_meta(1, 1, n_in=40, n_out=30, in_channels=8, padding=False)
     inputs = bench.make_inputs(meta, out_channels=16, batch=4, dtype=torch.float32)
-    counts = bench.op_counts(bench.profile_contender(bench.knn_backend(inputs, "gather_gemm")))
+    with forced_grad_input_path(path):
+        prof = bench.profile_contender(bench.knn_backend(inputs, "gather_gemm"))
+    counts = bench.op_counts(prof)
     gemms = sum(counts.get(op, 0) for op in ("aten::mm", "aten::addmm", "aten::bmm"))
-    # forward 1 GEMM; backward: W^T grad_y, the S (or index) step, grad_weight.
+    # forward: 1 GEMM; backward: W^T grad_y, then S (dense path), and grad_weight.
     assert counts["aten::gather"] == 2  # forward, and again for grad_weight
-    assert gemms == 3 + uses_dense_scatter(meta, meta.device)  # + 1 for the dense S
+    assert gemms == (4 if path == "dense" else 3)
+    assert counts.get("aten::index_add_", 0) == (0 if path == "dense" else 1)
     assert counts["aten::sum"] == 1  # grad_bias
+    assert bench.op_sequence(prof)[:4] == ["gather", "copy_", "mm", "add"]  # the forward

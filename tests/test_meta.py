@@ -196,3 +196,16 @@ def test_per_meta_cache_is_bounded_and_identity_keyed():
     assert cache.get(metas[2], "key", lambda: -1) == values[2]  # hit
     assert cache.get(metas[0], "key", lambda: -1) == -1  # evicted: rebuilt
     assert cache.get(metas[0], "other", lambda: -2) == -2  # the extra key separates entries
+
+
+def test_the_constructor_validates_too():
+    with pytest.raises(ValueError, match=r"knn\[0, 2\] = 7"):
+        KNNMeta(torch.tensor([[0, 5, 7, 2]]), torch.zeros(4, 1, dtype=torch.long), 5, 1, 1)
+
+
+def test_in_place_edits_are_detected():
+    meta = random_meta(4, 4)
+    meta.check_unmodified()
+    meta.knn[0, 0] = (meta.knn[0, 0] + 1) % meta.n_in
+    with pytest.raises(ValueError, match="modified in place"):
+        meta.check_unmodified()
