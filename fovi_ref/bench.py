@@ -130,7 +130,8 @@ def knn_backend_direct(inputs: Inputs, backend: str) -> Contender:
 
 def fovi_einsum(inputs: Inputs) -> Contender:
     """fovi today: plain autograd through the einsum baseline's forward (no custom op), so its
-    backward is what autograd derives, exactly as in fovi's ``KNNConvLayer``."""
+    backward is what autograd derives, as in fovi's ``KNNConvLayer`` (see
+    :mod:`fovi_ref.knn_einsum_baseline` for how closely it matches)."""
 
     def run():
         return _grads(
@@ -255,6 +256,7 @@ KERNEL_OPS = (
     "aten::index",
     "aten::index_add_",
     "aten::index_copy_",
+    "aten::index_fill_",
     "aten::scatter_add_",
     "aten::copy_",
     "aten::fill_",

@@ -37,11 +37,12 @@ from fovi_ref.meta import KNNMeta, PerMetaCache
 __all__ = ["DENSE_S_BUDGET", "GatherGemmOps", "forced_grad_input_path", "uses_dense_scatter"]
 
 # Largest Nout*Nin for which grad_input multiplies by the dense S rather than scattering with
-# index_add_. CPU: the crossover measured by the sweep of notebooks/03_scatter_matrix_budget.ipynb
-# through the custom op (~1e2 on the 2-core reference machine; ~1e3 for the backend function
-# alone), so of the res18 downsamples only ds4 (Nout*Nin = 32) multiplies by S on a CPU. CUDA:
-# the seed design note sizes S for the res18 downsamples ("a few 1e4"); no GPU was available to
-# sweep, so the value keeps S dense up to 2**20 elements (4 MiB in float32), which covers all three.
+# index_add_. CPU: in the sweep of notebooks/03_scatter_matrix_budget.ipynb the two paths are
+# within a few percent of each other up to ~1e3 elements and the index path wins above (by 2x at
+# res18_ds2's 3e4); 128 keeps only the tiniest graphs on S (of the res18 downsamples, ds4 with 32
+# elements, where the two measure the same). CUDA: not measured (no GPU was available); the seed
+# design note sizes S for the res18 downsamples ("a few 1e4"), so the value keeps S dense up to
+# 2**20 elements (4 MiB in float32), which covers all three.
 DENSE_S_BUDGET: dict[str, int] = {"cpu": 128, "cuda": 2**20}
 
 

@@ -15,9 +15,12 @@ A result in ``dtype`` passes when both hold:
    expect. In float16/bfloat16 every backend accumulates in float32 and rounds once at the end, so
    the error is that last rounding, at most ``u`` (the unit roundoff) of the scale: floor ``u``.
    In float32 the error is the accumulation order of an ``n``-term sum, which differs between
-   two correct GEMM kernels by ``~sqrt(n) u`` (a random walk of roundings); the longest sums in
-   fovi-resnet18 have ``n = Cin*K = 2304`` (y) to ``Cout*K = 4608`` (grad_x) terms, so the floor
-   is ``sqrt(4096) u = 64u`` (3.8e-6). Seen here: in ``python -m fovi_ref verify`` (batch 4)
+   two correct GEMM kernels by ``~sqrt(n) u`` (a random walk of roundings). The sums over
+   channels and neighbours have up to ``Cin*K = 2304`` (y) and ``Cout*K = 4608`` (grad_x) terms
+   in fovi-resnet18, so the floor is ``sqrt(4096) u = 64u`` (3.8e-6). ``grad_weight`` and
+   ``grad_bias`` sum ``B*Nout`` terms, which grows with the batch (5876 for the stem at batch 4);
+   there the baseline sums the same terms, so its own error grows alike and the factor 2 covers
+   the difference. Seen here: in ``python -m fovi_ref verify`` (batch 4)
    ``general``'s forward on layer4.1.conv1, one ``[512, 2048] @ [2048, 8]`` GEMM, has error 20u
    where ``einsum_baseline``'s differently shaped GEMM gets 4u; both are correct float32 sums.
    (In float64 the same floor never binds.)

@@ -30,7 +30,7 @@ The float dtypes and the order of operations follow fovi, so the graphs are iden
 fovi's, not merely similar: ties between distances are common on these symmetric rings and
 float32 rounding decides them.
 
-Built records are cached (building all 20 takes well under a second); treat their tensors as
+Built records are cached (building all 20 takes about a second on one core); treat their tensors as
 read-only, and call :func:`clear_caches` to force a rebuild.
 """
 
