@@ -122,8 +122,13 @@ def knn_backend_direct(inputs: Inputs, backend: str) -> Contender:
     x, w, b, grad_y = (t.detach() for t in (inputs.x, inputs.weight, inputs.bias, inputs.grad_y))
 
     def run():
-        ops.forward(meta, x, w, b)
-        return ops.grad_input(meta, grad_y, w), ops.grad_weight(meta, grad_y, x), grad_y.sum((0, 2))
+        y = ops.forward(meta, x, w, b)  # kept alive through the backward, as autograd keeps it
+        grads = (
+            ops.grad_input(meta, grad_y, w),
+            ops.grad_weight(meta, grad_y, x),
+            grad_y.sum((0, 2)),
+        )
+        return y, grads
 
     return run
 
