@@ -21,8 +21,8 @@ output nodes that share an input (collisions) inside the GEMM's accumulators, an
 nodes' rows all zero. It is cached per (meta, dtype, device). Dense ``S`` costs ``Nout*Nin``
 elements of memory and ``B*Cin*Nout*Nin`` multiply-adds, against ``B*Cin*Nout`` for an index
 scatter, so it only pays while ``Nout*Nin`` is small: above :data:`DENSE_S_BUDGET` (per device
-type, measured in notebooks/03_scatter_matrix_budget.ipynb) ``grad_input`` takes the index path
-(``index_add_``) instead, with the same result.
+type; the CPU value comes from the sweep of notebooks/03_scatter_matrix_budget.ipynb)
+``grad_input`` takes the index path (``index_add_``) instead, with the same result.
 """
 
 from __future__ import annotations
