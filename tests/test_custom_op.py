@@ -3,12 +3,15 @@ determinism."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from conftest import DEVICES, random_meta, sample_inputs
 
 from fovi_ref import KNNConv, available_ops, get_ops, knn_conv, knn_gather_gemm, route
-from fovi_ref.knn_autograd import _knn_conv_op
+from fovi_ref.knn_autograd import _KNOWN_METAS, _knn_conv_op, _meta_for
 from fovi_ref.knn_gather_gemm import forced_grad_input_path
 from fovi_ref.tolerances import judge
 
@@ -87,7 +90,6 @@ def test_export_runs_and_matches_eager():
 def test_meta_is_recovered_from_copied_index_tensors():
     """An exported or compiled program may hand the op copies of the index tensors: the op
     finds the meta by content (so per-meta caches keep working) or builds a validated one."""
-    from fovi_ref.knn_autograd import _meta_for
 
     meta = random_meta(1, 1)
     knn_conv(*sample_inputs(meta), meta)  # remembers meta
@@ -126,10 +128,6 @@ def test_deterministic_mode_bitwise_identical(backend, device, deterministic):
 
 
 def test_known_metas_hold_user_metas_weakly():
-    import gc
-    import weakref
-
-    from fovi_ref.knn_autograd import _KNOWN_METAS
 
     meta = random_meta(4, 4, seed=123)
     knn_conv(*sample_inputs(meta), meta)

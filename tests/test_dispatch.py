@@ -19,6 +19,7 @@ from fovi_ref import (
     route_layer,
     unregister_ops,
 )
+from fovi_ref.knn_gather_gemm import GatherGemmOps
 
 
 def test_builtin_backends_are_registered():
@@ -139,7 +140,6 @@ def test_gather_gemm_refuses_other_graphs():
     meta = random_meta(9, 9)
     with pytest.raises(ValueError, match="'gather_gemm' does not support this meta .K=9, V=9."):
         knn_conv(*sample_inputs(meta), meta, backend="gather_gemm")
-    from fovi_ref.knn_gather_gemm import GatherGemmOps
 
     with pytest.raises(ValueError, match="K == 1 and V == 1"):
         GatherGemmOps.forward(random_meta(1, 4), *sample_inputs(random_meta(1, 4)))

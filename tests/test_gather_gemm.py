@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import DEVICES, random_meta, sample_inputs
+from torch.profiler import ProfilerActivity, profile
 
 from fovi_ref import KNNMeta, knn_conv
 from fovi_ref import knn_gather_gemm as gg
@@ -98,7 +99,6 @@ def test_budget_is_a_size_threshold_and_forcing_restores_it():
 
 def test_forward_is_one_gather_and_one_gemm():
     """Operator count of gather_gemm's forward, from the profiler (CPU)."""
-    from torch.profiler import ProfilerActivity, profile
 
     meta = random_meta(1, 1, padding=False)
     x, w, b = (t.detach() for t in sample_inputs(meta, bias=True, dtype=torch.float32))

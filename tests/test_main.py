@@ -11,6 +11,7 @@ from conftest import random_meta
 from fovi_ref import bench
 from fovi_ref.__main__ import main
 from fovi_ref.knn_gather_gemm import forced_grad_input_path
+from fovi_ref.knn_general import GeneralOps
 
 
 def test_verify_writes_results_and_passes(tmp_path, capsys):
@@ -26,7 +27,6 @@ def test_verify_writes_results_and_passes(tmp_path, capsys):
 
 def test_verify_exit_code_reports_failures(tmp_path, monkeypatch):
     """A backend that is subtly wrong must make verify fail."""
-    from fovi_ref.knn_general import GeneralOps
 
     real_forward = GeneralOps.forward
 
