@@ -8,7 +8,9 @@ Where each idea lives:
 - :mod:`fovi_ref.reference`: the float64 oracle, straight from the formula.
 - :mod:`fovi_ref.knn_general`, :mod:`fovi_ref.knn_gather_gemm`,
   :mod:`fovi_ref.knn_einsum_baseline`: the three backends.
-- :mod:`fovi_ref.knn_autograd`: registry, dispatcher, checks, custom op, :func:`knn_conv`.
+- :mod:`fovi_ref.layout`: fovi's output layout and the one GEMM that writes it.
+- :mod:`fovi_ref.knn_autograd`: registry, dispatcher, checks, autograd and custom op,
+  :func:`knn_conv`.
 - :mod:`fovi_ref.layer`: :class:`KNNConv`.
 - :mod:`fovi_ref.grid`: regular-grid metas on which ``F.conv2d`` is an oracle.
 - :mod:`fovi_ref.geometry`: the real fovi-resnet18 graphs.
@@ -17,8 +19,10 @@ Where each idea lives:
 
 from fovi_ref.knn_autograd import (
     available_ops,
+    derive_for,
     get_ops,
     knn_conv,
+    prepare,
     register_ops,
     route,
     route_layer,
@@ -31,8 +35,10 @@ __all__ = [
     "KNNConv",
     "KNNMeta",
     "available_ops",
+    "derive_for",
     "get_ops",
     "knn_conv",
+    "prepare",
     "register_ops",
     "route",
     "route_layer",

@@ -4,47 +4,66 @@
 
     y[b, o, n] = bias[o] + sum_{c, k} x[b, c, knn[k, n]] * weight[o, c*V + rf_index[n, k]]
 
-It checks its arguments (shapes, dtypes, devices, backend) before anything runs, asks the
-dispatcher which backend serves the graph, and calls the custom op ``fovi_ref::knn_conv``.
+It checks its arguments (shapes, dtypes, devices, backend) before anything runs, applies the
+autocast policy, asks the dispatcher which backend serves the graph, and runs it with autograd.
 
-Backends ("ops") are objects with a ``name`` and three static functions, the whole math of a
+**Backends** ("ops") are objects with a ``name`` and three static functions, the whole math of a
 backend::
 
     forward(meta, x, weight, bias)  -> y       [B, Cout, Nout]
     grad_input(meta, grad_y, weight) -> grad_x  [B, Cin, Nin]
     grad_weight(meta, grad_y, x)     -> grad_w  [Cout, Cin*V]
 
-and optionally ``supports(meta) -> bool``. ``grad_bias`` is ``grad_y`` summed over batch and
-nodes, the same for every backend, so it lives here.
+and optionally ``supports(meta) -> bool`` and ``derive(meta) -> {name: tensor}``, a pure function
+of the graph computing what the backend precomputes (kept on the meta: see
+:meth:`fovi_ref.KNNMeta.derived`). ``grad_bias`` is ``grad_y`` summed over batch and nodes, the
+same for every backend, so it lives here.
 
-Why a ``torch.library`` custom op: ``torch.compile`` and ``torch.export`` then see one opaque node
-with a known output shape (``register_fake``) and a known backward (``register_autograd``, which
-calls two more custom ops wrapping the backend's ``grad_input`` and ``grad_weight``), instead of
-tracing into index bookkeeping they cannot follow. The graph travels into the op as its two index
-tensors (``knn``, ``rf_index``) plus ints, so a compiled or exported program carries it like any
-buffer; inside the op those tensors are mapped back to their :class:`KNNMeta` (see
-:func:`_meta_for`), so per-meta caches such as the dense scatter matrix keep working.
+**Two doors to one computation.** In eager mode ``knn_conv`` calls the backend through a
+``torch.autograd.Function`` handed the meta itself: nothing is looked up, and the fixed cost per
+call is a few Python checks. While ``torch.compile`` or ``torch.export`` trace, it calls the custom
+op ``fovi_ref::knn_conv`` instead, which ``register_fake`` (output shape *and* strides) and
+``register_autograd`` (a backward through two more custom ops) make opaque and traceable. A custom
+op takes tensors and plain values only, so the graph travels into it as the index tensors, the
+backend's derived tensors (plus their names, one string) and ints; the op rebuilds a trusted meta
+from them, which costs no validation and no derivation. Why not the custom op in eager mode too:
+``torch.library.custom_op`` dispatch costs tens of microseconds per call, which on a small layer
+is as much as the arithmetic (measured by ``python -m fovi_ref bench --boundary``).
+
+**Output layout.** ``y`` comes back in fovi's layout (:mod:`fovi_ref.layout`), a transposed
+view of ``[B, Nout, Cout]``; the fake implementation describes the same strides. A registered
+backend that returns another layout is brought to it here; one that returns the wrong shape or
+dtype is refused with an error naming it.
+
+**Autocast.** Inside ``torch.autocast(device, dtype)``, ``knn_conv`` behaves like ``F.linear``:
+``x``, ``weight`` and ``bias`` are cast to the autocast dtype and the backend runs in it, so ``y``
+has that dtype, in eager and compiled code alike; the backward needs no autocast (it may run
+outside the block).
+
+**Gradients** are first order: the backward is not itself differentiable, and asking for a
+gradient of a gradient raises an error saying so.
 """
 
 from __future__ import annotations
 
 import inspect
-import weakref
-from collections import OrderedDict
 from typing import Any
 
 import torch
 
 from fovi_ref.knn_einsum_baseline import EinsumBaselineOps
-from fovi_ref.knn_gather_gemm import GatherGemmOps
+from fovi_ref.knn_gather_gemm import GatherGemmOps, gather_gemm_applies
 from fovi_ref.knn_general import GeneralOps
-from fovi_ref.meta import KNNMeta
+from fovi_ref.layout import fovi_layout_empty
+from fovi_ref.meta import Derived, KNNMeta
 
 __all__ = [
     "FLOAT_DTYPES",
     "available_ops",
+    "derive_for",
     "get_ops",
     "knn_conv",
+    "prepare",
     "register_ops",
     "route",
     "route_layer",
@@ -60,6 +79,18 @@ _OPS_SIGNATURES = {
     "grad_input": ("meta", "grad_y", "weight"),
     "grad_weight": ("meta", "grad_y", "x"),
 }
+_OPTIONAL_SIGNATURES = {"supports": ("meta",), "derive": ("meta",)}
+
+
+def _check_signature(name: str, method: str, fn: Any, params: tuple[str, ...]) -> None:
+    if not callable(fn):
+        raise TypeError(f"ops {name!r}: {method} must be callable ({', '.join(params)})")
+    try:
+        inspect.signature(fn).bind(*params)
+    except TypeError as err:
+        raise TypeError(
+            f"ops {name!r}: {method} must accept ({', '.join(params)}): {err}"
+        ) from None
 
 
 def register_ops(ops: Any) -> None:
@@ -67,22 +98,18 @@ def register_ops(ops: Any) -> None:
 
     Raises:
         TypeError: ``ops`` lacks a non-empty string ``name`` or one of ``forward``,
-            ``grad_input``, ``grad_weight``, or one of them does not take its arguments.
+            ``grad_input``, ``grad_weight``; or one of them, or an optional ``supports`` or
+            ``derive``, is not a function taking its arguments.
         ValueError: a backend with that name is already registered.
     """
     name = getattr(ops, "name", None)
     if not isinstance(name, str) or not name:
         raise TypeError(f"ops must have a non-empty str attribute 'name', got {name!r}")
     for method, params in _OPS_SIGNATURES.items():
-        fn = getattr(ops, method, None)
-        if not callable(fn):
-            raise TypeError(f"ops {name!r} has no callable {method}({', '.join(params)})")
-        try:
-            inspect.signature(fn).bind(*params)
-        except TypeError as err:
-            raise TypeError(
-                f"ops {name!r}: {method} must accept ({', '.join(params)}): {err}"
-            ) from None
+        _check_signature(name, method, getattr(ops, method, None), params)
+    for method, params in _OPTIONAL_SIGNATURES.items():
+        if hasattr(ops, method):
+            _check_signature(name, method, getattr(ops, method), params)
     if name in _REGISTRY:
         raise ValueError(f"an ops backend named {name!r} is already registered")
     _REGISTRY[name] = ops
@@ -114,32 +141,64 @@ for _builtin in (GeneralOps, GatherGemmOps, EinsumBaselineOps):
 
 
 # ---------------------------------------------------------------------------------- dispatcher
+def _route_kv(k: int, v: int) -> str:
+    return GatherGemmOps.name if gather_gemm_applies(k, v) else GeneralOps.name
+
+
 def route(meta: KNNMeta) -> str:
-    """The backend for ``meta``: ``"gather_gemm"`` exactly when K == 1 and V == 1."""
-    return "gather_gemm" if meta.k == 1 and meta.v == 1 else "general"
+    """The backend for ``meta``: ``"gather_gemm"`` exactly when K == 1 and V == 1
+    (:func:`fovi_ref.knn_gather_gemm.gather_gemm_applies`), ``"general"`` otherwise."""
+    if not isinstance(meta, KNNMeta):
+        raise TypeError(f"meta must be a fovi_ref.KNNMeta, got {type(meta).__name__}")
+    return _route_kv(meta.k, meta.v)
 
 
 def route_layer(layer: Any) -> str:
     """:func:`route` for a fovi ``KNNConvLayer`` (or :class:`fovi_ref.KNNConv`), read off its
-    attributes: ``layer._k == 1 and layer.local_rf.shape[2] == 1``."""
-    return "gather_gemm" if layer._k == 1 and layer.local_rf.shape[2] == 1 else "general"
+    attributes ``layer._k`` and ``layer.local_rf.shape[2]``."""
+    k, local_rf = getattr(layer, "_k", None), getattr(layer, "local_rf", None)
+    if not isinstance(k, int) or not isinstance(local_rf, torch.Tensor) or local_rf.dim() != 3:
+        raise TypeError(
+            f"route_layer needs a KNN conv layer with an int _k and a [Nout, K, V] local_rf "
+            f"tensor; {type(layer).__name__} has neither"
+        )
+    return _route_kv(k, local_rf.shape[2])
+
+
+def derive_for(meta: KNNMeta, backend: str | None = None) -> Derived:
+    """``backend``'s derived data for ``meta`` (the routed backend by default), derived now if
+    it is not yet; ``{}`` for a backend that derives nothing."""
+    ops = get_ops(route(meta) if backend is None else backend)
+    derive = getattr(ops, "derive", None)
+    return {} if derive is None else meta.derived(ops.name, derive)
+
+
+def prepare(meta: KNNMeta, backend: str | None = None) -> KNNMeta:
+    """Derive ``backend``'s data for ``meta`` now, so that compiled code can use the meta;
+    returns ``meta``."""
+    derive_for(meta, backend)
+    return meta
 
 
 # ------------------------------------------------------------------------------- argument checks
-def _check_call(x: Any, weight: Any, bias: Any, meta: Any, backend: str | None) -> tuple[str, Any]:
+def _check_call(
+    x: Any, weight: Any, bias: Any, meta: Any, backend: str | None, autocast: bool
+) -> Any:
     """Validate a ``knn_conv`` call from shapes, dtypes and devices alone; return the backend.
+    Under ``autocast`` the float dtypes may differ (they are all cast to the autocast dtype).
 
-    Reads no tensor values, so it also runs unchanged while ``torch.compile`` traces.
+    Reads no tensor values, so it runs unchanged while ``torch.compile`` traces.
     """
     if not isinstance(meta, KNNMeta):
         raise TypeError(f"meta must be a fovi_ref.KNNMeta, got {type(meta).__name__}")
-    if not torch.compiler.is_compiling():  # tensor versions are eager-mode bookkeeping
-        meta.check_unmodified()
-    for name, t in (("x", x), ("weight", weight)):
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if t is None and name == "bias":
+            continue
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if bias is not None and not isinstance(bias, torch.Tensor):
-        raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+            what = "a torch.Tensor or None" if name == "bias" else "a torch.Tensor"
+            raise TypeError(f"{name} must be {what}, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"x must be float16, bfloat16, float32 or float64, got {x.dtype}")
     if x.dim() != 3 or x.shape[1] != meta.in_channels or x.shape[2] != meta.n_in:
@@ -148,88 +207,122 @@ def _check_call(x: Any, weight: Any, bias: Any, meta: Any, backend: str | None) 
             f"got {tuple(x.shape)}"
         )
     cols = meta.in_channels * meta.v
-    if weight.dim() != 2 or weight.shape[1] != cols:
+    if weight.dim() != 2 or weight.shape[1] != cols or weight.shape[0] < 1:
         raise ValueError(
-            f"weight must be [Cout, Cin*V = {meta.in_channels}*{meta.v} = {cols}], "
+            f"weight must be [Cout >= 1, Cin*V = {meta.in_channels}*{meta.v} = {cols}], "
             f"got {tuple(weight.shape)}"
         )
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
         raise ValueError(f"bias must be [Cout = {weight.shape[0]}], got {tuple(bias.shape)}")
     for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != x.dtype:
+        if t is not None and t.dtype != x.dtype and not (autocast and t.dtype in FLOAT_DTYPES):
             raise TypeError(f"{name} dtype {t.dtype} differs from x dtype {x.dtype}")
-    for name, t in (("weight", weight), ("bias", bias), ("meta", meta)):
-        if t is not None and t.device != x.device:
+    for name, device in (
+        ("weight", weight.device),
+        ("bias", None if bias is None else bias.device),
+        ("meta", meta.device),
+    ):
+        if device is not None and device != x.device:
             raise ValueError(
-                f"{name} is on {t.device} but x is on {x.device}; move both to one device"
+                f"{name} is on {device} but x is on {x.device}; move both to one device"
                 + (" (meta.to(device))" if name == "meta" else "")
             )
-    name = route(meta) if backend is None else backend
-    ops = get_ops(name)
+    ops = get_ops(_route_kv(meta.k, meta.v) if backend is None else backend)
     supports = getattr(ops, "supports", None)
     if supports is not None and not supports(meta):
         raise ValueError(
-            f"backend {name!r} does not support this meta (K={meta.k}, V={meta.v}); "
+            f"backend {ops.name!r} does not support this meta (K={meta.k}, V={meta.v}); "
             f"route(meta) suggests {route(meta)!r}"
         )
-    return name, ops
+    return ops
 
 
-# ---------------------------------------------------- from the op's index tensors back to a meta
-_KNOWN_METAS: OrderedDict[int, tuple[torch.Tensor, torch.Tensor, Any]] = OrderedDict()
-_KNOWN_METAS_MAX = 64
+def _checked_output(y: Any, ops: Any, x: torch.Tensor, weight: torch.Tensor, n_out: int):
+    """``y`` in fovi's layout, or an error naming the backend if its shape or dtype is wrong."""
+    expected = (x.shape[0], weight.shape[0], n_out)
+    if not isinstance(y, torch.Tensor) or tuple(y.shape) != expected or y.dtype != x.dtype:
+        got = f"{tuple(y.shape)} {y.dtype}" if isinstance(y, torch.Tensor) else type(y).__name__
+        raise RuntimeError(
+            f"backend {ops.name!r} returned {got} from forward; expected {expected} {x.dtype}"
+        )
+    if not y.transpose(1, 2).is_contiguous():  # another layout: bring it to fovi's
+        y = fovi_layout_empty(*expected, y).copy_(y)
+    return y
 
 
-def _remember(meta: KNNMeta, knn: torch.Tensor, rf_index: torch.Tensor, *, own: bool) -> None:
-    """Note that ``(knn, rf_index)`` are the index tensors of ``meta`` (bounded LRU).
-
-    The entry holds the (small) index tensors, so their ``id`` cannot be reused while it lives.
-    A meta someone else owns (the one passed to :func:`knn_conv`) is held weakly, so the entry
-    never keeps it or its caches alive; a meta built here has no other owner and is held
-    strongly, or its caches would be rebuilt on every call.
-    """
-    _KNOWN_METAS[id(knn)] = (knn, rf_index, meta if own else weakref.ref(meta))
-    _KNOWN_METAS.move_to_end(id(knn))
-    while len(_KNOWN_METAS) > _KNOWN_METAS_MAX:
-        _KNOWN_METAS.popitem(last=False)
+def _checked_grad(g: Any, ops: Any, what: str, like: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """A gradient as a contiguous tensor of ``shape`` and ``like``'s dtype, or an error."""
+    if not isinstance(g, torch.Tensor) or tuple(g.shape) != shape or g.dtype != like.dtype:
+        got = f"{tuple(g.shape)} {g.dtype}" if isinstance(g, torch.Tensor) else type(g).__name__
+        raise RuntimeError(
+            f"backend {ops.name!r} returned {got} from {what}; expected {shape} {like.dtype}"
+        )
+    return g.contiguous()
 
 
-def _deref(held: Any) -> KNNMeta | None:
-    """The meta of a :data:`_KNOWN_METAS` entry (``None`` if a weakly held one has died)."""
-    return held() if isinstance(held, weakref.ref) else held
+def _grad_input(ops, meta, grad_y, weight):
+    shape = (grad_y.shape[0], meta.in_channels, meta.n_in)
+    return _checked_grad(ops.grad_input(meta, grad_y, weight), ops, "grad_input", grad_y, shape)
 
 
-def _meta_for(knn: torch.Tensor, rf_index: torch.Tensor, n_in: int, in_channels: int, v: int):
-    """The :class:`KNNMeta` whose graph the op's index tensors describe.
-
-    Eager calls pass the meta's own tensors (an identity hit). A compiled or exported program may
-    pass copies; those are matched by content (``K*Nout`` comparisons, small beside the
-    convolution) and otherwise a meta is built and validated from them.
-    """
-    sizes = (n_in, in_channels, v)
-    entry = _KNOWN_METAS.get(id(knn))
-    if entry is not None and entry[0] is knn and entry[1] is rf_index:
-        meta = _deref(entry[2])
-        if meta is not None and (meta.n_in, meta.in_channels, meta.v) == sizes:
-            return meta
-    for known_knn, known_rf, held in reversed(_KNOWN_METAS.values()):
-        meta = _deref(held)
-        if (
-            meta is not None
-            and (meta.n_in, meta.in_channels, meta.v) == sizes
-            and known_knn.shape == knn.shape
-            and known_knn.device == knn.device
-            and torch.equal(known_knn, knn)
-            and torch.equal(known_rf, rf_index)
-        ):
-            _remember(meta, knn, rf_index, own=not isinstance(held, weakref.ref))
-            return meta
-    meta = KNNMeta.from_knn(knn, rf_index, n_in=n_in, in_channels=in_channels, v=v)
-    _remember(meta, knn, rf_index, own=True)
-    return meta
+def _grad_weight(ops, meta, grad_y, x):
+    shape = (grad_y.shape[1], meta.in_channels * meta.v)
+    return _checked_grad(ops.grad_weight(meta, grad_y, x), ops, "grad_weight", x, shape)
 
 
-# ---------------------------------------------------------------------------------- custom ops
+# ------------------------------------------------------------------------------- eager: Function
+class _KNNConvFunction(torch.autograd.Function):
+    """The eager door: the backend's three functions, handed the meta itself."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, meta, ops):
+        ctx.save_for_backward(x, weight)
+        ctx.graph = (meta, ops, bias is not None)
+        return _checked_output(ops.forward(meta, x, weight, bias), ops, x, weight, meta.n_out)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight = ctx.saved_tensors
+        meta, ops, has_bias = ctx.graph
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        second_order = torch.is_grad_enabled()  # backward(create_graph=True)
+        with torch.no_grad():
+            grad_x = _grad_input(ops, meta, grad_y, weight) if need_x else None
+            grad_w = _grad_weight(ops, meta, grad_y, x) if need_w else None
+            grad_b = grad_y.sum(dim=(0, 2)) if has_bias and need_b else None  # [Cout]
+        grads = (grad_x, grad_w, grad_b)
+        if second_order:  # a gradient of these gradients must fail loudly, not come out zero
+            sources = (grad_y, x, weight)  # what the gradients depend on
+            grads = tuple(None if g is None else _FirstOrderOnly.apply(g, *sources) for g in grads)
+        return *grads, None, None
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """``g``, connected to the tensors it was computed from by a backward that refuses: a
+    gradient of knn_conv's gradients then raises instead of silently coming out zero."""
+
+    @staticmethod
+    def forward(ctx, g, *sources):
+        return g.view_as(g)
+
+    @staticmethod
+    def backward(ctx, _):
+        raise RuntimeError(_FIRST_ORDER_ONLY)
+
+
+_FIRST_ORDER_ONLY = (
+    "knn_conv is first-order only: its gradients are not differentiable (no double backward)"
+)
+
+
+# ------------------------------------------------------------------- compiled: the custom ops
+def _op_meta(knn, rf_index, derived, names, n_in, in_channels, v, backend) -> KNNMeta:
+    """The trusted meta a custom op rebuilds from its arguments (no validation, no derivation:
+    the tensors come from a meta that was validated and derived before tracing)."""
+    data = dict(zip(names.split(",") if names else [], derived, strict=True))
+    return KNNMeta.trusted(knn, rf_index, n_in, in_channels, v, {backend: data})
+
+
 @torch.library.custom_op("fovi_ref::knn_conv", mutates_args=())
 def _knn_conv_op(
     x: torch.Tensor,
@@ -237,19 +330,20 @@ def _knn_conv_op(
     bias: torch.Tensor | None,
     knn: torch.Tensor,
     rf_index: torch.Tensor,
+    derived: list[torch.Tensor],
+    names: str,
     n_in: int,
     v: int,
     backend: str,
 ) -> torch.Tensor:
-    meta = _meta_for(knn, rf_index, n_in, x.shape[1], v)
-    # Backends may return any strides (fovi's layout is a transposed view); the op promises
-    # a contiguous [B, Cout, Nout], which is what the fake implementation below describes.
-    return get_ops(backend).forward(meta, x, weight, bias).contiguous()
+    meta = _op_meta(knn, rf_index, derived, names, n_in, x.shape[1], v, backend)
+    ops = get_ops(backend)
+    return _checked_output(ops.forward(meta, x, weight, bias), ops, x, weight, meta.n_out)
 
 
 @_knn_conv_op.register_fake
-def _(x, weight, bias, knn, rf_index, n_in, v, backend):
-    return x.new_empty(x.shape[0], weight.shape[0], knn.shape[1])  # [B, Cout, Nout]
+def _(x, weight, bias, knn, rf_index, derived, names, n_in, v, backend):
+    return fovi_layout_empty(x.shape[0], weight.shape[0], knn.shape[1], x)  # [B, Cout, Nout]
 
 
 @torch.library.custom_op("fovi_ref::knn_conv_grad_input", mutates_args=())
@@ -258,16 +352,18 @@ def _grad_input_op(
     weight: torch.Tensor,
     knn: torch.Tensor,
     rf_index: torch.Tensor,
+    derived: list[torch.Tensor],
+    names: str,
     n_in: int,
     v: int,
     backend: str,
 ) -> torch.Tensor:
-    meta = _meta_for(knn, rf_index, n_in, weight.shape[1] // v, v)
-    return get_ops(backend).grad_input(meta, grad_y, weight).contiguous()
+    meta = _op_meta(knn, rf_index, derived, names, n_in, weight.shape[1] // v, v, backend)
+    return _grad_input(get_ops(backend), meta, grad_y, weight)
 
 
 @_grad_input_op.register_fake
-def _(grad_y, weight, knn, rf_index, n_in, v, backend):
+def _(grad_y, weight, knn, rf_index, derived, names, n_in, v, backend):
     return grad_y.new_empty(grad_y.shape[0], weight.shape[1] // v, n_in)  # [B, Cin, Nin]
 
 
@@ -277,43 +373,58 @@ def _grad_weight_op(
     x: torch.Tensor,
     knn: torch.Tensor,
     rf_index: torch.Tensor,
+    derived: list[torch.Tensor],
+    names: str,
     n_in: int,
     v: int,
     backend: str,
 ) -> torch.Tensor:
-    meta = _meta_for(knn, rf_index, n_in, x.shape[1], v)
-    return get_ops(backend).grad_weight(meta, grad_y, x).contiguous()
+    meta = _op_meta(knn, rf_index, derived, names, n_in, x.shape[1], v, backend)
+    return _grad_weight(get_ops(backend), meta, grad_y, x)
 
 
 @_grad_weight_op.register_fake
-def _(grad_y, x, knn, rf_index, n_in, v, backend):
+def _(grad_y, x, knn, rf_index, derived, names, n_in, v, backend):
     return x.new_empty(grad_y.shape[1], x.shape[1] * v)  # [Cout, Cin*V]
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, weight, bias, knn, rf_index, n_in, v, backend = inputs
-    ctx.save_for_backward(x, weight, knn, rf_index)
-    ctx.graph = (n_in, v, backend)
+    x, weight, bias, knn, rf_index, derived, names, n_in, v, backend = inputs
+    ctx.save_for_backward(x, weight, knn, rf_index, *derived)
+    ctx.graph = (names, n_in, v, backend)
     ctx.has_bias = bias is not None
 
 
 def _backward(ctx, grad_y: torch.Tensor):
-    x, weight, knn, rf_index = ctx.saved_tensors
-    n_in, v, backend = ctx.graph
+    x, weight, knn, rf_index, *derived = ctx.saved_tensors
+    graph = (knn, rf_index, derived, *ctx.graph)
     grad_x = grad_weight = grad_bias = None
     if ctx.needs_input_grad[0]:
-        grad_x = _grad_input_op(grad_y, weight, knn, rf_index, n_in, v, backend)
+        grad_x = _grad_input_op(grad_y, weight, *graph)
     if ctx.needs_input_grad[1]:
-        grad_weight = _grad_weight_op(grad_y, x, knn, rf_index, n_in, v, backend)
+        grad_weight = _grad_weight_op(grad_y, x, *graph)
     if ctx.has_bias and ctx.needs_input_grad[2]:
         grad_bias = grad_y.sum(dim=(0, 2))  # [Cout]: one reduction
-    return grad_x, grad_weight, grad_bias, None, None, None, None, None
+    no_grads = [None] * len(derived)  # the list of derived tensors gets a list back
+    return grad_x, grad_weight, grad_bias, None, None, no_grads, None, None, None, None
+
+
+def _refuse_second_order(ctx, *grads):
+    raise RuntimeError(_FIRST_ORDER_ONLY)
 
 
 _knn_conv_op.register_autograd(_backward, setup_context=_setup_context)
+for _grad_op in (_grad_input_op, _grad_weight_op):
+    _grad_op.register_autograd(_refuse_second_order)
 
 
 # --------------------------------------------------------------------------------- entry point
+def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype ``torch.autocast`` asks for on ``x``'s device, or ``None`` outside it."""
+    device_type = x.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
 def knn_conv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -331,12 +442,30 @@ def knn_conv(
         meta: the graph, on ``x``'s device.
         backend: a registered backend name; ``None`` asks :func:`route`.
 
-    Differentiable in ``x``, ``weight`` and ``bias``. Raises ``TypeError``/``ValueError`` naming
-    the offending argument before any kernel runs.
+    Returns ``y`` in fovi's layout (a transposed view of ``[B, Nout, Cout]`` storage).
+    Differentiable (first order) in ``x``, ``weight`` and ``bias``. Raises
+    ``TypeError``/``ValueError`` naming the offending argument before any kernel runs.
     """
-    name, _ = _check_call(x, weight, bias, meta, backend)
-    if (
-        not torch.compiler.is_compiling()
-    ):  # the tracer cannot follow this bookkeeping; see _meta_for
-        _remember(meta, meta.knn, meta.rf_index, own=False)
-    return _knn_conv_op(x, weight, bias, meta.knn, meta.rf_index, meta.n_in, meta.v, name)
+    autocast_dtype = _autocast_dtype(x) if isinstance(x, torch.Tensor) else None
+    ops = _check_call(x, weight, bias, meta, backend, autocast_dtype is not None)
+    if autocast_dtype is not None:  # as F.linear: compute in the autocast dtype
+        x, weight = x.to(autocast_dtype), weight.to(autocast_dtype)
+        bias = None if bias is None else bias.to(autocast_dtype)
+    if not torch.compiler.is_compiling():
+        if autocast_dtype is None:
+            return _KNNConvFunction.apply(x, weight, bias, meta, ops)
+        with torch.autocast(x.device.type, enabled=False):  # the backend runs in that dtype
+            return _KNNConvFunction.apply(x, weight, bias, meta, ops)
+    derived = derive_for(meta, ops.name)  # must exist already; see KNNMeta.derived
+    return _knn_conv_op(
+        x,
+        weight,
+        bias,
+        meta.knn,
+        meta.rf_index,
+        list(derived.values()),
+        ",".join(derived),
+        meta.n_in,
+        meta.v,
+        ops.name,
+    )

@@ -18,6 +18,11 @@ gradients agree bit for bit. Benchmarks and notebooks measure the other backends
 One semantic difference from later fovi: a newer upstream revision zeroes the output of a node
 whose neighbours are all padding; here (and in every fovi_ref backend) such a node outputs the
 bias, as the formula says. No fovi-resnet18 graph has such a node.
+
+Non-finite inputs behave as in fovi, not as the formula: the one-hot einsum multiplies every
+gathered feature by the zeros of the other cells, so an ``inf`` in ``x`` becomes ``nan`` in every
+cell of that node when V > 1 (``inf * 0``), and a ``nan`` spreads to every cell column of the
+weight gradient. The other backends never multiply by those zeros.
 """
 
 from __future__ import annotations
@@ -25,9 +30,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fovi_ref.meta import KNNMeta
+from fovi_ref.meta import Derived, KNNMeta
 
-__all__ = ["EinsumBaselineOps"]
+__all__ = ["EinsumBaselineOps", "derive"]
+
+NAME = "einsum_baseline"
+
+
+def derive(meta: KNNMeta) -> Derived:
+    """fovi keeps the dense one-hot ``local_rf [Nout, K, V]`` as a layer buffer; so does this
+    backend (float32, cast to the compute dtype per call: the one-hot values are exact)."""
+    return {"local_rf": meta.local_rf(torch.float32)}
+
+
+def _local_rf(meta: KNNMeta, dtype: torch.dtype) -> torch.Tensor:
+    return meta.derived(NAME, derive)["local_rf"].to(dtype)  # [Nout, K, V]
 
 
 def _cell_features(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
@@ -37,7 +54,7 @@ def _cell_features(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
     index = meta.knn.reshape(1, 1, -1).expand(batch, c_in, -1)  # [B, Cin, K*Nout]
     x_nbr = torch.gather(x_pad, 2, index).view(batch, c_in, meta.k, meta.n_out)  # [B, Cin, K, Nout]
     x_nbr = x_nbr.permute(0, 1, 3, 2).reshape(batch * c_in, meta.n_out, meta.k)  # [B*Cin, Nout, K]
-    local_rf = meta.local_rf(x.dtype)  # [Nout, K, V] dense one-hot
+    local_rf = _local_rf(meta, x.dtype)  # [Nout, K, V] dense one-hot
     x_cells = torch.einsum("ank,nkv->anv", x_nbr, local_rf)  # [B*Cin, Nout, V]
     x_cells = x_cells.view(batch, c_in, meta.n_out, meta.v).permute(0, 2, 1, 3)  # [B, Nout, Cin, V]
     return x_cells.reshape(batch, meta.n_out, c_in * meta.v)  # [B, Nout, Cin*V]
@@ -46,7 +63,8 @@ def _cell_features(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
 class EinsumBaselineOps:
     """Ops-registry backend reproducing fovi's pad + gather + one-hot einsum + linear."""
 
-    name = "einsum_baseline"
+    name = NAME
+    derive = staticmethod(derive)
 
     @staticmethod
     def forward(
@@ -63,7 +81,7 @@ class EinsumBaselineOps:
         g = grad_y.transpose(1, 2) @ weight  # [B, Nout, Cin*V]    adjoint of F.linear
         g = g.view(batch, meta.n_out, c_in, meta.v).permute(0, 2, 1, 3)  # [B, Cin, Nout, V]
         g = g.reshape(batch * c_in, meta.n_out, meta.v)  # [B*Cin, Nout, V]
-        g = torch.einsum("anv,nkv->ank", g, meta.local_rf(g.dtype))  # [B*Cin, Nout, K]
+        g = torch.einsum("anv,nkv->ank", g, _local_rf(meta, g.dtype))  # [B*Cin, Nout, K]
         g = g.view(batch, c_in, meta.n_out, meta.k).permute(0, 1, 3, 2)  # [B, Cin, K, Nout]
         g = g.reshape(batch, c_in, meta.k * meta.n_out)  # [B, Cin, K*Nout]
         index = meta.knn.reshape(1, 1, -1).expand(batch, c_in, -1)  # [B, Cin, K*Nout]

@@ -7,22 +7,27 @@ With one neighbour per output node and one reference cell, the general operator
 has ``k = 0`` and ``rf_index = 0`` only, so it degenerates to a gather followed by ONE GEMM with a
 weight shared by every node (``weight`` is ``[Cout, Cin]``)::
 
-    x_sel[b, c, n] = x[b, c, idx[n]]                 (0 where the neighbour is padding)
-    y[b]           = bias + weight @ x_sel[b]          [Cout, Cin] @ [Cin, Nout]
+    x_sel[b, n, c] = x[b, c, idx[n]]                  (0 where the neighbour is padding)
+    y_rows         = bias + x_sel @ weight^T          [B*Nout, Cin] @ [Cin, Cout], one addmm
 
-Gradients (derived in notebooks/02_algebraic_reduction.ipynb)::
+with ``idx = knn[0]``. ``y_rows`` is ``[B*Nout, Cout]``, the storage of fovi's output layout
+(:mod:`fovi_ref.layout`), so the result needs no unfolding. Gradients (derived in
+notebooks/02_algebraic_reduction.ipynb)::
 
-    grad_weight = sum_b grad_y[b] @ x_sel[b]^T        one GEMM over the folded (b, n) axis
-    grad_x[b]   = (weight^T @ grad_y[b]) @ S          S[n, i] = 1 if idx[n] = i (real neighbour)
-    grad_bias   = sum_{b, n} grad_y[b, :, n]          one reduction (done by the autograd layer)
+    grad_weight = grad_y_rows^T @ x_sel                one GEMM over the folded (b, n) axis
+    grad_x[b]   = (weight^T @ grad_y[b]) @ S            S[n, i] = 1 if idx[n] = i (real neighbour)
+    grad_bias   = sum_{b, n} grad_y[b, :, n]            one reduction (done by the autograd layer)
 
 ``S [Nout, Nin]`` is the dense one-hot *scatter matrix*. Multiplying by it sums the gradients of
 output nodes that share an input (collisions) inside the GEMM's accumulators, and leaves padding
-nodes' rows all zero. It is cached per (meta, dtype, device). Dense ``S`` costs ``Nout*Nin``
-elements of memory and ``B*Cin*Nout*Nin`` multiply-adds, against ``B*Cin*Nout`` for an index
-scatter, so it only pays while ``Nout*Nin`` is small: above :data:`DENSE_S_BUDGET` (per device
-type; the CPU value comes from the sweep of notebooks/03_scatter_matrix_budget.ipynb)
-``grad_input`` takes the index path (``index_add_``) instead, with the same result.
+nodes' rows all zero. It costs ``Nout*Nin`` elements of memory and ``B*Cin*Nout*Nin``
+multiply-adds, against ``B*Cin*Nout`` for an index scatter, so it only pays while ``Nout*Nin`` is
+small: above :data:`DENSE_S_BUDGET` (per device type) ``grad_input`` takes the index path
+(``index_add_``) instead, with the same result up to summation order.
+
+**Derived data** (:func:`derive`, kept on the meta or as a layer's buffers): the gather index,
+the padding nodes, and ``S`` itself (in float32) for every graph small enough for any device's
+budget. Nothing is cached anywhere else.
 """
 
 from __future__ import annotations
@@ -32,34 +37,49 @@ from contextlib import contextmanager
 
 import torch
 
-from fovi_ref.meta import KNNMeta, PerMetaCache
+from fovi_ref.layout import grad_y_rows, linear_rows, y_from_rows
+from fovi_ref.meta import Derived, KNNMeta
 
-__all__ = ["DENSE_S_BUDGET", "GatherGemmOps", "forced_grad_input_path", "uses_dense_scatter"]
+__all__ = [
+    "DENSE_S_BUDGET",
+    "GatherGemmOps",
+    "derive",
+    "forced_grad_input_path",
+    "gather_gemm_applies",
+    "uses_dense_scatter",
+]
+
+NAME = "gather_gemm"
 
 # Largest Nout*Nin for which grad_input multiplies by the dense S rather than scattering with
-# index_add_. CPU: in the sweep of notebooks/03_scatter_matrix_budget.ipynb the two paths are
-# within a few percent of each other up to ~1e3 elements and the index path wins above (by 2x at
-# res18_ds2's 3e4); 128 keeps only the tiniest graphs on S (of the res18 downsamples, ds4 with 32
-# elements, where the two measure the same). CUDA: not measured (no GPU was available); the seed
-# design note sizes S for the res18 downsamples ("a few 1e4"), so the value keeps S dense up to
-# 2**20 elements (4 MiB in float32), which covers all three.
+# index_add_. CPU: from the sweep of notebooks/03_scatter_matrix_budget.ipynb. CUDA: not measured
+# (no GPU was available); the seed design note sizes S for the res18 downsamples ("a few 1e4"),
+# so the value keeps S dense up to 2**20 elements (4 MiB in float32), which covers all three.
 DENSE_S_BUDGET: dict[str, int] = {"cpu": 128, "cuda": 2**20}
+S_MAX_ELEMENTS = 2**20
+"""``S`` is derived (and kept) only for graphs up to this size, the largest budget above."""
+
+
+def gather_gemm_applies(k: int, v: int) -> bool:
+    """THE routing predicate of this backend: one neighbour and one cell per node."""
+    return k == 1 and v == 1
 
 
 def uses_dense_scatter(meta: KNNMeta, device: torch.device) -> bool:
     """True when ``grad_input`` for ``meta`` on ``device`` multiplies by the dense ``S``."""
-    return meta.n_out * meta.n_in <= DENSE_S_BUDGET.get(device.type, DENSE_S_BUDGET["cuda"])
+    budget = DENSE_S_BUDGET.get(device.type, DENSE_S_BUDGET["cuda"])
+    return meta.n_out * meta.n_in <= min(budget, S_MAX_ELEMENTS)
 
 
 @contextmanager
 def forced_grad_input_path(path: str, device_type: str = "cpu") -> Iterator[None]:
     """Within the block, ``grad_input`` on ``device_type`` takes ``path`` ("dense" S GEMM or
-    "index" scatter) whatever the graph's size; the budget is restored on exit. For measuring
-    and testing the two paths against each other."""
+    "index" scatter) for every graph that has an ``S``; the budget is restored on exit. A
+    measuring and testing knob: it changes a module constant, so do not use it from threads."""
     if path not in ("dense", "index"):
         raise ValueError(f"path must be 'dense' or 'index', got {path!r}")
     saved = DENSE_S_BUDGET.get(device_type)
-    DENSE_S_BUDGET[device_type] = 2**62 if path == "dense" else -1
+    DENSE_S_BUDGET[device_type] = S_MAX_ELEMENTS if path == "dense" else -1
     try:
         yield
     finally:
@@ -69,132 +89,80 @@ def forced_grad_input_path(path: str, device_type: str = "cpu") -> Iterator[None
             DENSE_S_BUDGET[device_type] = saved
 
 
-def _check_k1_v1(meta: KNNMeta) -> None:
-    if not (meta.k == 1 and meta.v == 1):
-        raise ValueError(
-            f"gather_gemm needs a meta with K == 1 and V == 1, got K={meta.k}, V={meta.v}"
-        )
+def derive(meta: KNNMeta) -> Derived:
+    """The data this backend needs from a K = V = 1 graph (a pure function of ``meta``).
 
-
-_index_cache = PerMetaCache(maxsize=64)
-
-
-def _node_index(meta: KNNMeta) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The ``[Nout]`` gather index and validity mask, read from ``meta.input_linear``.
-
-    For K = 1, column ``c = 0`` of ``input_linear`` holds ``0*Nin + idx[n] = idx[n]`` for a real
-    neighbour and ``Cin*Nin`` (out of range) for padding. Returns ``(index, valid)``: ``index``
-    has padding replaced by 0 so it is always safe to gather with, and ``valid [Nout]`` is the
-    real-neighbour mask, or ``None`` when there is no padding (the res18 downsamples).
-    Cached per meta.
+    - ``index [Nout]``: ``knn[0]`` with padding replaced by 0, so it is always safe to gather.
+    - ``padding [P]``: the output nodes whose neighbour is padding (empty for the res18
+      downsamples); their gathered features and scattered gradients are zeroed.
+    - ``scatter [Nout, Nin]`` float32: ``S[n, idx[n]] = 1`` for real neighbours, padding rows
+      zero; ``[0, Nin]`` when ``Nout*Nin > S_MAX_ELEMENTS``.
     """
-    _check_k1_v1(meta)
-
-    def build() -> tuple[torch.Tensor, torch.Tensor | None]:
-        column = meta.input_linear[:, 0].contiguous()  # [Nout] (a strided column otherwise)
-        valid = column < meta.n_in  # [Nout]
-        if bool(valid.all()):
-            return column, None
-        return torch.where(valid, column, 0), valid
-
-    return _index_cache.get(meta, None, build)
-
-
-_scatter_cache = PerMetaCache(maxsize=32)
+    if not gather_gemm_applies(meta.k, meta.v):
+        raise ValueError(f"gather_gemm needs a graph with K == 1 and V == 1, got {meta!r}")
+    neighbour = meta.knn[0]  # [Nout]
+    real = neighbour != meta.n_in  # [Nout]
+    index = torch.where(real, neighbour, 0)  # [Nout]
+    rows = meta.n_out if meta.n_out * meta.n_in <= S_MAX_ELEMENTS else 0
+    scatter = torch.zeros(rows, meta.n_in, device=meta.device)  # [Nout, Nin] or [0, Nin]
+    if rows:
+        scatter[real, index[real]] = 1.0
+    return {"index": index, "padding": (~real).nonzero().flatten(), "scatter": scatter}
 
 
-def _scatter_matrix(meta: KNNMeta, dtype: torch.dtype) -> torch.Tensor:
-    """The cached one-hot ``S [Nout, Nin]`` in ``dtype`` on the meta's device.
+def _gathered_rows(data: Derived, x: torch.Tensor) -> torch.Tensor:
+    """``x_sel [B*Nout, Cin]``: row ``b*Nout + n`` holds ``x[b, :, idx[n]]`` (0 for padding).
 
-    ``S[n, idx[n]] = 1`` for every real neighbour; padding rows are zero.
-    """
-
-    def build() -> torch.Tensor:
-        index, valid = _node_index(meta)
-        s = torch.zeros(meta.n_out, meta.n_in, dtype=dtype, device=meta.device)
-        ones = torch.ones(meta.n_out, 1, dtype=dtype, device=meta.device)
-        if valid is not None:
-            ones = ones * valid[:, None]  # padding rows stay all-zero
-        return s.scatter_(1, index[:, None], ones)  # [Nout, Nin]
-
-    return _scatter_cache.get(meta, (dtype, meta.device), build)
-
-
-def _gathered_columns(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
-    """``X [Cin, B*Nout]``: column ``(b, n)`` holds ``x[b, :, idx[n]]`` (0 for padding).
-
-    This is the layout that lets ONE GEMM serve the whole batch: the batch folds into the GEMM's
-    long axis next to the nodes. ``torch.gather`` along the contiguous node axis is several times
-    faster on CPU than ``index_select`` there; the fold is one copy.
+    ``torch.gather`` along the contiguous node axis of ``x`` (several times faster on a CPU than
+    picking nodes out of ``x.transpose(1, 2)``), then one fold into the GEMM's row layout.
     """
     batch, c_in, _ = x.shape
-    index, valid = _node_index(meta)
+    index, padding = data["index"], data["padding"]
     x_sel = torch.gather(x, 2, index.expand(batch, c_in, -1))  # [B, Cin, Nout]
-    if valid is not None:
-        x_sel = x_sel.masked_fill(~valid, 0)  # exact zeros, even if x holds inf or nan
-    return x_sel.transpose(0, 1).reshape(c_in, batch * meta.n_out)  # [Cin, B*Nout] (copy)
-
-
-def _grad_y_batch_major(grad_y: torch.Tensor) -> torch.Tensor:
-    """``[B, Cout, Nout] -> [Cout, B*Nout]`` (columns ordered batch, then node), the GEMM layout
-    of :func:`_gathered_columns`."""
-    return grad_y.transpose(0, 1).reshape(grad_y.shape[1], -1)  # copy unless already laid out so
+    if padding.numel():
+        x_sel.index_fill_(2, padding, 0)  # exact zeros, even if x holds inf or nan
+    return x_sel.transpose(1, 2).reshape(-1, c_in)  # [B*Nout, Cin] (the fold: one copy)
 
 
 class GatherGemmOps:
-    """Ops-registry backend for the K=1/V=1 class: one gather + one dense GEMM.
+    """Ops-registry backend for the K=1/V=1 class: one gather + one dense GEMM per function."""
 
-    Per call, besides the GEMMs: ``forward`` gathers once and copies twice (fold the gathered
-    columns, unfold the output with the bias added in the same pass); ``grad_input`` folds
-    ``grad_y`` (a copy unless it arrives folded) and zero-fills plus scatters, or multiplies by
-    ``S``; ``grad_weight`` folds ``grad_y`` and gathers again (it is given ``x``, not ``x_sel``).
-    """
-
-    name = "gather_gemm"
+    name = NAME
+    derive = staticmethod(derive)
 
     @staticmethod
     def supports(meta: KNNMeta) -> bool:
-        """The routing predicate: only K = 1, V = 1 graphs."""
-        return meta.k == 1 and meta.v == 1
+        """Only K = 1, V = 1 graphs (:func:`gather_gemm_applies`)."""
+        return gather_gemm_applies(meta.k, meta.v)
 
     @staticmethod
     def forward(
         meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        """``x [B, Cin, Nin]``, ``weight [Cout, Cin]``, ``bias [Cout]`` -> ``[B, Cout, Nout]``."""
-        batch = x.shape[0]
-        y_folded = weight @ _gathered_columns(meta, x)  # [Cout, B*Nout]: the one GEMM
-        y_view = y_folded.view(weight.shape[0], batch, meta.n_out).transpose(
-            0, 1
-        )  # [B, Cout, Nout]
-        y = y_folded.new_empty(batch, weight.shape[0], meta.n_out)  # [B, Cout, Nout] contiguous
-        if bias is None:
-            return y.copy_(y_view)
-        return torch.add(y_view, bias[:, None], out=y)  # unfold and add the bias in one pass
+        """``x [B, Cin, Nin]``, ``weight [Cout, Cin]``, ``bias [Cout]`` -> ``y [B, Cout, Nout]``
+        (fovi's layout)."""
+        rows = _gathered_rows(meta.derived(NAME, derive), x)  # [B*Nout, Cin]
+        return y_from_rows(linear_rows(rows, weight, bias), x.shape[0], meta.n_out)  # one GEMM
 
     @staticmethod
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]`` by ``(W^T grad_y) S``."""
+        """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]`` (contiguous) by
+        ``(W^T grad_y) S``, or by an index scatter above the ``S`` budget."""
+        data = meta.derived(NAME, derive)
         batch, c_in = grad_y.shape[0], weight.shape[1]
-        d_sel = weight.t() @ _grad_y_batch_major(grad_y)  # [Cin, B*Nout]
-        if uses_dense_scatter(meta, grad_y.device):
-            s = _scatter_matrix(meta, grad_y.dtype)  # [Nout, Nin]
-            # Reorder the small d_sel to (b, c) rows first, so the GEMM writes grad_x in its
-            # final contiguous layout (copying Nout columns is cheaper than copying Nin).
-            d_rows = d_sel.view(c_in, batch, meta.n_out).transpose(0, 1)  # [B, Cin, Nout] view
-            grad_x = d_rows.reshape(batch * c_in, meta.n_out) @ s  # [B*Cin, Nin]: one GEMM
-            return grad_x.view(batch, c_in, meta.n_in)  # [B, Cin, Nin]
-        # Index path: add each output node's gradient onto its input node.
-        index, valid = _node_index(meta)
-        d_sel = d_sel.view(c_in, batch, meta.n_out)  # [Cin, B, Nout]
-        if valid is not None:
-            index, d_sel = index[valid], d_sel[:, :, valid]  # padding receives nothing
+        # d[b] = W^T @ grad_y[b]: one batched GEMM writing [B, Cin, Nout] (the scatter's layout).
+        d_sel = torch.matmul(weight.t(), grad_y)  # [B, Cin, Nout]
+        if data["padding"].numel():
+            d_sel.index_fill_(2, data["padding"], 0)  # padding receives nothing
+        if uses_dense_scatter(meta, grad_y.device) and data["scatter"].numel():
+            s = data["scatter"].to(grad_y.dtype)  # [Nout, Nin]; no copy in float32
+            return (d_sel.view(batch * c_in, meta.n_out) @ s).view(batch, c_in, meta.n_in)
         grad_x = d_sel.new_zeros(batch, c_in, meta.n_in)  # [B, Cin, Nin]
-        grad_x.transpose(0, 1).index_add_(2, index, d_sel)  # through a [Cin, B, Nin] view
-        return grad_x
+        return grad_x.index_add_(2, data["index"], d_sel)  # collisions add up
 
     @staticmethod
     def grad_weight(meta: KNNMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, ``x [B, Cin, Nin]`` -> ``grad_weight [Cout, Cin]``."""
+        rows = _gathered_rows(meta.derived(NAME, derive), x)  # [B*Nout, Cin]
         # One GEMM contracting batch and nodes together: [Cout, B*Nout] @ [B*Nout, Cin].
-        return _grad_y_batch_major(grad_y) @ _gathered_columns(meta, x).t()  # [Cout, Cin]
+        return grad_y_rows(grad_y).t() @ rows  # [Cout, Cin]

@@ -31,7 +31,8 @@ node's ``B`` values. Every gather and scatter then moves whole contiguous rows, 
 far faster than picking single elements along the last axis of ``[B, Cin, Nin]`` (measured here:
 0.15 ms against 10 ms for a res18 layer1-sized gather at batch 64), and the binned ``z`` comes out
 already in the layout of the single GEMM. It costs one transposing copy on the way in and one on
-the way out, and index lists ``Cin`` times longer than the graph (built once per meta).
+the way out, and index lists ``Cin`` times longer than the graph (derived once per graph and kept
+on the meta, or as a layer's buffers: see :func:`derive`).
 
 **Determinism.** A segment sum is usually written with ``index_add_``, whose CUDA kernel adds with
 atomics, so its float rounding depends on thread timing. Here it runs in *rounds* instead: round
@@ -39,7 +40,12 @@ atomics, so its float rounding depends on thread timing. Here it runs in *rounds
 so each round is a row gather followed by an ``index_copy_`` with distinct indices. The summation
 order is then fixed (increasing ``k``) and both passes are deterministic on every device. There
 are as many rounds as the largest number of contributions to one row (a few for cells, about K
-for inputs).
+for inputs). :func:`segment_sum_naive` is the same sum written the usual way, with one
+``index_add_``, kept beside it as the readable version; the tests hold the two against each
+other, and the rounds against a sequential loop over ``k``, bit for bit.
+
+The output leaves in fovi's layout (:mod:`fovi_ref.layout`): the GEMM runs with the bias inside
+(one rounding) and writes rows ordered (node, batch), which one copy puts into that layout.
 """
 
 from __future__ import annotations
@@ -48,9 +54,20 @@ from dataclasses import dataclass
 
 import torch
 
-from fovi_ref.meta import KNNMeta, PerMetaCache
+from fovi_ref.layout import fovi_layout_empty, linear_rows
+from fovi_ref.meta import Derived, KNNMeta
 
-__all__ = ["GeneralOps", "SegmentSumPlan", "build_segment_sum_plan", "segment_sum"]
+__all__ = [
+    "GeneralOps",
+    "SegmentSumPlan",
+    "build_segment_sum_plan",
+    "derive",
+    "segment_sum",
+    "segment_sum_entries",
+    "segment_sum_naive",
+]
+
+NAME = "general"
 
 
 @dataclass(frozen=True)
@@ -70,6 +87,24 @@ class SegmentSumPlan:
     first: torch.Tensor
     empty: torch.Tensor
     rounds: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+    def as_derived(self, prefix: str) -> Derived:
+        """The plan as named tensors (``prefix.first``, ``prefix.empty``, ``prefix.dst1``, ...),
+        the form in which derived data is stored and handed to the custom op."""
+        data = {f"{prefix}.first": self.first, f"{prefix}.empty": self.empty}
+        for r, (dst, src) in enumerate(self.rounds, 1):
+            data[f"{prefix}.dst{r}"], data[f"{prefix}.src{r}"] = dst, src
+        return data
+
+    @classmethod
+    def from_derived(cls, data: Derived, prefix: str) -> SegmentSumPlan:
+        """The inverse of :meth:`as_derived`."""
+        first = data[f"{prefix}.first"]
+        rounds = []
+        while f"{prefix}.dst{len(rounds) + 1}" in data:
+            r = len(rounds) + 1
+            rounds.append((data[f"{prefix}.dst{r}"], data[f"{prefix}.src{r}"]))
+        return cls(first.shape[0], first, data[f"{prefix}.empty"], tuple(rounds))
 
 
 def build_segment_sum_plan(dst: torch.Tensor, src: torch.Tensor, size: int) -> SegmentSumPlan:
@@ -91,13 +126,16 @@ def build_segment_sum_plan(dst: torch.Tensor, src: torch.Tensor, size: int) -> S
     return SegmentSumPlan(size, first, empty, rounds)
 
 
-def segment_sum(values: torch.Tensor, plan: SegmentSumPlan) -> torch.Tensor:
-    """``out[d] = sum of values[s]`` over the plan's entries: ``[L, P] -> [D, P]``.
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float16 and bfloat16 are summed in float32 and rounded once at the end, as a GEMM or
+    ``index_add_`` kernel would; summing in 8 mantissa bits loses accuracy with every round."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
-    float16 and bfloat16 values are summed in float32 and rounded once at the end, as a GEMM
-    or ``index_add_`` kernel would; summing in 8 mantissa bits loses accuracy with every round.
-    """
-    acc_dtype = torch.float32 if values.dtype in (torch.float16, torch.bfloat16) else values.dtype
+
+def segment_sum(values: torch.Tensor, plan: SegmentSumPlan) -> torch.Tensor:
+    """``out[d] = sum of values[s]`` over the plan's entries: ``[L, P] -> [D, P]``, in rounds
+    (fixed summation order, deterministic on every device)."""
+    acc_dtype = _accumulation_dtype(values.dtype)
     out = values.index_select(0, plan.first).to(acc_dtype)  # [D, P] round 0: whole rows
     if plan.empty.numel():
         out.index_fill_(0, plan.empty, 0)  # no contribution: exactly zero
@@ -107,38 +145,52 @@ def segment_sum(values: torch.Tensor, plan: SegmentSumPlan) -> torch.Tensor:
     return out.to(values.dtype)
 
 
-@dataclass(frozen=True)
-class _Plans:
-    forward: SegmentSumPlan  # x rows [Cin*Nin, B] -> z rows [Cin*V*Nout, B]
-    backward: SegmentSumPlan  # grad_z rows [Cin*V*Nout, B] -> grad_x rows [Cin*Nin, B]
+def segment_sum_naive(
+    values: torch.Tensor, dst: torch.Tensor, src: torch.Tensor, size: int
+) -> torch.Tensor:
+    """The same sum as :func:`segment_sum`, written the usual way: one ``index_add_`` over the
+    entries ``(dst[e], src[e])``. Its summation order is the kernel's (atomics on CUDA)."""
+    acc_dtype = _accumulation_dtype(values.dtype)
+    out = values.new_zeros(size, values.shape[1], dtype=acc_dtype)  # [D, P]
+    return out.index_add_(0, dst, values.index_select(0, src).to(acc_dtype)).to(values.dtype)
 
 
-_plans_cache = PerMetaCache(maxsize=64)
+def segment_sum_entries(meta: KNNMeta) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(z_row, x_row)``: the (cell row, input row) pair of every real neighbour of every node
+    in every channel, listed channel-major then k-major (so every row sums over increasing k).
+
+    ``z_row = (c*V + rf_index[n, k])*Nout + n`` indexes the rows of ``z [Cin*V*Nout, B]``;
+    ``x_row = c*Nin + knn[k, n]`` those of ``x`` as rows ``[Cin*Nin, B]``. Padding neighbours
+    take no part, in either direction.
+    """
+    n = torch.arange(meta.n_out, device=meta.device).expand(meta.k, -1)  # [K, Nout]
+    real = ~meta.pad_mask  # [K, Nout]
+    node, cell, neighbour = n[real], meta.rf_index.t()[real], meta.knn[real]  # [E] k-major
+    c = torch.arange(meta.in_channels, device=meta.device)[:, None]  # [Cin, 1]
+    z_row = ((c * meta.v + cell) * meta.n_out + node).reshape(-1)  # [Cin*E] row (c, v, n)
+    x_row = (c * meta.n_in + neighbour).reshape(-1)  # [Cin*E] row (c, i)
+    return z_row, x_row
 
 
-def _plans(meta: KNNMeta) -> _Plans:
-    """The forward and backward segment-sum plans of ``meta`` (built once per meta)."""
+def derive(meta: KNNMeta) -> Derived:
+    """The forward and backward segment-sum plans of ``meta`` (a pure function of it)::
 
-    def build() -> _Plans:
-        n = torch.arange(meta.n_out, device=meta.device).expand(meta.k, -1)  # [K, Nout]
-        real = ~meta.pad_mask  # [K, Nout] padding neighbours take no part, either way
-        node, cell, neighbour = n[real], meta.rf_index.t()[real], meta.knn[real]  # [E] k-major
-        c = torch.arange(meta.in_channels, device=meta.device)[:, None]  # [Cin, 1]
-        z_row = ((c * meta.v + cell) * meta.n_out + node).reshape(-1)  # [Cin*E] row (c, v, n)
-        x_row = (c * meta.n_in + neighbour).reshape(-1)  # [Cin*E] row (c, i)
-        # Entries are listed channel-major, then k-major, so every row sums over increasing k.
-        return _Plans(
-            forward=build_segment_sum_plan(z_row, x_row, meta.v * meta.in_channels * meta.n_out),
-            backward=build_segment_sum_plan(x_row, z_row, meta.in_channels * meta.n_in),
-        )
-
-    return _plans_cache.get(meta, None, build)
+    forward:  x rows [Cin*Nin, B]    -> z rows [Cin*V*Nout, B]
+    backward: grad_z rows [Cin*V*Nout, B] -> grad_x rows [Cin*Nin, B]
+    """
+    z_row, x_row = segment_sum_entries(meta)
+    z_size, x_size = meta.v * meta.in_channels * meta.n_out, meta.in_channels * meta.n_in
+    return {
+        **build_segment_sum_plan(z_row, x_row, z_size).as_derived("forward"),
+        **build_segment_sum_plan(x_row, z_row, x_size).as_derived("backward"),
+    }
 
 
 def _binned(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
     """Step 1: ``z [Cin*V, Nout*B]`` from ``x [B, Cin, Nin]``."""
+    plan = SegmentSumPlan.from_derived(meta.derived(NAME, derive), "forward")
     x_rows = x.permute(1, 2, 0).reshape(meta.in_channels * meta.n_in, -1)  # [Cin*Nin, B] (copy)
-    z_rows = segment_sum(x_rows, _plans(meta).forward)  # [Cin*V*Nout, B]
+    z_rows = segment_sum(x_rows, plan)  # [Cin*V*Nout, B]
     return z_rows.view(meta.in_channels * meta.v, -1)  # [Cin*V, Nout*B]
 
 
@@ -151,30 +203,30 @@ def _grad_y_node_major(grad_y: torch.Tensor) -> torch.Tensor:
 class GeneralOps:
     """Ops-registry backend for every graph: row segment sums + one GEMM."""
 
-    name = "general"
+    name = NAME
+    derive = staticmethod(derive)
 
     @staticmethod
     def forward(
         meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        """``x [B, Cin, Nin]``, ``weight [Cout, Cin*V]``, ``bias [Cout]`` -> ``[B, Cout, Nout]``."""
-        batch = x.shape[0]
-        y_folded = weight @ _binned(meta, x)  # [Cout, Nout*B]: the one GEMM
-        y_view = y_folded.view(weight.shape[0], meta.n_out, batch).permute(
-            2, 0, 1
-        )  # [B, Cout, Nout]
-        y = y_folded.new_empty(batch, weight.shape[0], meta.n_out)  # [B, Cout, Nout]
-        if bias is None:
-            return y.copy_(y_view)
-        return torch.add(y_view, bias[:, None], out=y)  # unfold and add the bias in one pass
+        """``x [B, Cin, Nin]``, ``weight [Cout, Cin*V]``, ``bias [Cout]`` -> ``y [B, Cout, Nout]``
+        (fovi's layout)."""
+        batch, c_out = x.shape[0], weight.shape[0]
+        y_rows = linear_rows(_binned(meta, x).t(), weight, bias)  # [Nout*B, Cout]: the one GEMM
+        y = fovi_layout_empty(batch, c_out, meta.n_out, y_rows)  # [B, Cout, Nout]
+        # Rows come out ordered (node, batch); one copy puts them in (batch, node) order.
+        y.transpose(1, 2).copy_(y_rows.view(meta.n_out, batch, c_out).transpose(0, 1))
+        return y
 
     @staticmethod
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]``; padding gets nothing."""
         batch = grad_y.shape[0]
+        plan = SegmentSumPlan.from_derived(meta.derived(NAME, derive), "backward")
         grad_z = weight.t() @ _grad_y_node_major(grad_y)  # [Cin*V, Nout*B]
         grad_z_rows = grad_z.view(meta.in_channels * meta.v * meta.n_out, batch)  # [Cin*V*Nout, B]
-        grad_x_rows = segment_sum(grad_z_rows, _plans(meta).backward)  # [Cin*Nin, B]
+        grad_x_rows = segment_sum(grad_z_rows, plan)  # [Cin*Nin, B]
         grad_x = grad_x_rows.view(meta.in_channels, meta.n_in, batch).permute(2, 0, 1)
         return grad_x.contiguous()  # [B, Cin, Nin]
 

@@ -3,6 +3,19 @@
 It mirrors fovi's ``KNNConvLayer`` where a reader or :func:`fovi_ref.route_layer` looks
 (``weight [Cout, Cin*V]``, ``bias``, ``in_channels``, ``out_channels``, ``_k``, ``local_rf``) and
 runs every forward through :func:`fovi_ref.knn_conv`, so the dispatcher picks the backend.
+
+**The layer owns its graph, and everything derived from it, as buffers.** ``knn`` and
+``rf_index`` are persistent buffers (saved in the state dict); the data its backend derives from
+them (a gather index, segment-sum plans, ...) are non-persistent buffers, computed once when the
+graph is set. So ``.to()``, ``copy.deepcopy``, ``pickle`` and ``torch.save`` carry all of it with
+no recomputation and no global cache, a compiled or exported program sees it as buffers, and
+threads running the layer share nothing mutable. :attr:`KNNConv.meta` is a view of those buffers.
+
+Changing the graph: assign ``layer.meta = new_meta`` (validated, derived, used by forward, saved)
+or load a state dict, whose graph is validated before anything in the layer changes. Assigning a
+tensor to ``layer.knn`` or ``layer.rf_index`` raises. The index buffers are constants: editing
+them in place (``layer.knn[0, 0] = 3``, through ``.data`` or ``.numpy()``) is not supported and
+not detected, because no per-call check could see edits made through ``.data`` or numpy.
 """
 
 from __future__ import annotations
@@ -10,24 +23,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fovi_ref.knn_autograd import knn_conv
-from fovi_ref.meta import KNNMeta
+from fovi_ref.knn_autograd import derive_for, get_ops, knn_conv, route
+from fovi_ref.meta import KNNMeta, check_int
 
 __all__ = ["KNNConv"]
+
+_GRAPH = ("knn", "rf_index")
 
 
 class KNNConv(nn.Module):
     """``y = knn_conv(x, weight, bias, meta)``: ``x [B, Cin, Nin]`` -> ``y [B, Cout, Nout]``.
 
-    The layer keeps its own copy of the graph, registered as buffers (``knn``, ``rf_index``), so
-    ``.to(device)`` and ``state_dict`` carry it; the layer rebuilds (and validates) its
-    :attr:`meta` whenever they change through a move or ``load_state_dict``. Editing the buffers
-    in place is refused at the next forward (the meta's caches would be stale).
-
     Args:
         in_channels: ``Cin``; must equal ``meta.in_channels``.
         out_channels: ``Cout``.
-        meta: the graph.
+        meta: the graph (the layer keeps its own copy).
         bias: learn a bias (initialised to zero). The weight is kaiming-normal, as in fovi.
         backend: force a backend by name; ``None`` lets the dispatcher route.
     """
@@ -42,69 +52,155 @@ class KNNConv(nn.Module):
         backend: str | None = None,
     ) -> None:
         super().__init__()
+        in_channels = check_int("in_channels", in_channels, low=1)
+        out_channels = check_int("out_channels", out_channels, low=1)
         if not isinstance(meta, KNNMeta):
             raise TypeError(f"meta must be a fovi_ref.KNNMeta, got {type(meta).__name__}")
         if in_channels != meta.in_channels:
             raise ValueError(
                 f"in_channels={in_channels} differs from meta.in_channels={meta.in_channels}"
             )
-        if isinstance(out_channels, bool) or not isinstance(out_channels, int) or out_channels < 1:
-            raise ValueError(f"out_channels must be a positive int, got {out_channels!r}")
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {type(bias).__name__} {bias!r}")
         self.in_channels = in_channels
         self.out_channels = out_channels
-        self.backend = backend
+        self._n_in, self._v = meta.n_in, meta.v
+        self._backend = None if backend is None else get_ops(backend).name
+        self._derived_names: dict[str, str] = {}  # derived key -> buffer name
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels * meta.v))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
-        self._n_in, self._v = meta.n_in, meta.v
-        self.register_buffer("knn", meta.knn)
-        self.register_buffer("rf_index", meta.rf_index)
-        self._use_buffers_as_meta()  # a private meta: editing it cannot touch the caller's
+        self._set_graph(meta.knn.clone(), meta.rf_index.clone())  # a private copy
         nn.init.kaiming_normal_(self.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    # ------------------------------------------------------------------------------- the graph
+    @property
+    def backend_name(self) -> str:
+        """The backend forward runs: the forced one, else :func:`fovi_ref.route`'s choice."""
+        return self._backend or route(self.meta)
+
+    @property
+    def backend(self) -> str | None:
+        """The forced backend, or ``None`` (routed). Setting it re-derives the graph's data."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, name: str | None) -> None:
+        self._backend = None if name is None else get_ops(name).name
+        self._set_graph(self.knn, self.rf_index)
+
     @property
     def meta(self) -> KNNMeta:
-        """The graph, on the layer's device."""
-        return self._meta
+        """The graph as a :class:`KNNMeta` over this layer's buffers (a view, built per call)."""
+        buffers = self._buffers
+        derived = {key: buffers[name] for key, name in self._derived_names.items()}
+        return KNNMeta.trusted(
+            buffers["knn"],
+            buffers["rf_index"],
+            self._n_in,
+            self.in_channels,
+            self._v,
+            {self._derived_backend: derived},
+        )
 
+    @meta.setter
+    def meta(self, meta: KNNMeta) -> None:
+        if not isinstance(meta, KNNMeta):
+            raise TypeError(f"meta must be a fovi_ref.KNNMeta, got {type(meta).__name__}")
+        self._check_compatible(meta)
+        device = self.knn.device
+        self._set_graph(meta.knn.to(device), meta.rf_index.to(device))
+
+    def _check_compatible(self, meta: KNNMeta) -> None:
+        """A new graph must keep ``Nin``, ``Cin`` and ``V``: the weight's shape depends on them,
+        and so does every layer feeding this one."""
+        mine = (self._n_in, self.in_channels, self._v)
+        if (meta.n_in, meta.in_channels, meta.v) != mine:
+            raise ValueError(
+                f"a new graph must keep (n_in, in_channels, v) = {mine}; got "
+                f"{(meta.n_in, meta.in_channels, meta.v)} (build a new KNNConv instead)"
+            )
+
+    def _set_graph(self, knn: torch.Tensor, rf_index: torch.Tensor) -> None:
+        """Validate ``(knn, rf_index)``, make them the graph buffers and derive the backend's data
+        as non-persistent buffers (replacing the previous backend's)."""
+        meta = KNNMeta(knn, rf_index, self._n_in, self.in_channels, self._v)
+        backend = self._backend or route(meta)
+        derived = derive_for(meta, backend)
+        for name in self._derived_names.values():
+            del self._buffers[name]
+        self._derived_names = {}
+        for key, tensor in derived.items():
+            name = "derived_" + key.replace(".", "_")
+            self.register_buffer(name, tensor, persistent=False)
+            self._derived_names[key] = name
+        self._derived_backend = backend
+        self._buffers["knn"], self._buffers["rf_index"] = meta.knn, meta.rf_index
+
+    def __setattr__(self, name, value):
+        if name in _GRAPH and name in self.__dict__.get("_buffers", {}):
+            raise AttributeError(
+                f"assign a new graph with layer.meta = KNNMeta(...), not layer.{name} = ...: "
+                "knn and rf_index change together and the derived data with them"
+            )
+        super().__setattr__(name, value)
+
+    # ------------------------------------------------------------------- nn.Module integration
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        # Moved or cast: the buffers moved together; re-validate what they hold now (to_empty
+        # leaves uninitialised memory, which must not be used as a graph).
+        KNNMeta(self.knn, self.rf_index, self._n_in, self.in_channels, self._v)
+        return self
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+    ):
+        # Validate everything this layer would take from the state dict *before* changing any
+        # of it, so a refused load leaves the layer exactly as it was.
+        keys = {name: prefix + name for name in _GRAPH}
+        new_graph = None
+        if any(key in state_dict for key in keys.values()):
+            knn = state_dict.get(keys["knn"], self.knn)
+            rf_index = state_dict.get(keys["rf_index"], self.rf_index)
+            new_graph = KNNMeta(knn, rf_index, self._n_in, self.in_channels, self._v)
+        for name, param in (("weight", self.weight), ("bias", self.bias)):
+            value = state_dict.get(prefix + name)
+            if param is not None and value is not None and value.shape != param.shape:
+                raise ValueError(
+                    f"{prefix}{name} in the state dict has shape {tuple(value.shape)}, this "
+                    f"layer's is {tuple(param.shape)}"
+                )
+        rest = {key: value for key, value in state_dict.items() if key not in keys.values()}
+        super()._load_from_state_dict(
+            rest, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+        )
+        for key in keys.values():  # held back from torch above, not missing
+            if key in state_dict and key in missing_keys:
+                missing_keys.remove(key)
+        if new_graph is not None:
+            device = self.knn.device
+            self._set_graph(new_graph.knn.to(device), new_graph.rf_index.to(device))
+
+    # ---------------------------------------------------------------------------- forward etc.
     @property
     def _k(self) -> int:
         """fovi's name for K."""
-        return self._meta.k
+        return self.knn.shape[0]
 
     @property
     def local_rf(self) -> torch.Tensor:
         """fovi's one-hot cell assignment, ``[Nout, K, V]`` (built on demand)."""
-        return self._meta.local_rf()
-
-    def _use_buffers_as_meta(self) -> None:
-        """Build :attr:`meta` (validated, with its own copies) from the ``knn`` and ``rf_index``
-        buffers, and make the buffers those copies, so buffers and meta share storage."""
-        meta = KNNMeta(self.knn, self.rf_index, self._n_in, self.in_channels, self._v)
-        self._meta = meta
-        self.knn, self.rf_index = meta.knn, meta.rf_index
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        if self.knn is not self._meta.knn or self.rf_index is not self._meta.rf_index:
-            self._use_buffers_as_meta()  # moved (or emptied by to_empty: then validation fails)
-        return self
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # Loading copies into the buffers in place; detach them from the current meta first so
-        # that meta (and every cache keyed on it) never sees its indices change underneath it.
-        self.knn, self.rf_index = self.knn.clone(), self.rf_index.clone()
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self._use_buffers_as_meta()
+        return self.meta.local_rf()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [B, Cin, Nin]`` -> ``y [B, Cout, Nout]``."""
-        return knn_conv(x, self.weight, self.bias, self._meta, backend=self.backend)
+        """``x [B, Cin, Nin]`` -> ``y [B, Cout, Nout]`` (fovi's layout)."""
+        return knn_conv(x, self.weight, self.bias, self.meta, backend=self._derived_backend)
 
     def extra_repr(self) -> str:
-        m = self._meta
+        k, n_out = self.knn.shape
         return (
-            f"{self.in_channels}, {self.out_channels}, k={m.k}, v={m.v}, n_in={m.n_in}, "
-            f"n_out={m.n_out}, bias={self.bias is not None}, backend={self.backend or 'auto'}"
+            f"{self.in_channels}, {self.out_channels}, k={k}, v={self._v}, n_in={self._n_in}, "
+            f"n_out={n_out}, bias={self.bias is not None}, backend={self._backend or 'auto'}"
         )

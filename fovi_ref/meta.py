@@ -14,45 +14,64 @@ built, and :class:`KNNMeta` holds exactly that part:
   fovi stores the same thing one-hot, as ``local_rf [Nout, K, V]``.
 - ``n_in``, ``in_channels`` and ``V``: sizes the index tensors cannot tell by themselves.
 
-A meta is validated once, when it is built; backends then trust it. It is immutable: the index
-tensors are private copies, so later edits to the caller's tensors cannot change a built meta,
-and per-meta caches (the dense scatter matrix of the ``gather_gemm`` backend, say) stay valid.
+**Validated once, then trusted.** Every public construction checks the index tensors and takes
+private int64 copies; backends then trust the meta.
 
-This module also holds :class:`PerMetaCache`, the one bounded cache that every backend uses for
-what it derives from a meta.
+**Derived data lives on the meta.** A backend precomputes what it needs from the graph (a gather
+index, segment-sum plans, a scatter matrix) with a pure function of the meta, and
+:meth:`KNNMeta.derived` keeps the result *on the meta itself*: computed the first time a backend
+asks, then reused, copied with the meta by ``copy.deepcopy`` and ``pickle``, and moved with it by
+:meth:`KNNMeta.to`. There is no module-level cache and nothing is looked up by ``id``: whoever
+holds the meta holds its derived data, and a layer (:class:`fovi_ref.KNNConv`) keeps its copy as
+non-persistent buffers.
 """
 
 from __future__ import annotations
 
-import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
-from functools import cached_property
+import numbers
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["KNNMeta", "PerMetaCache"]
+__all__ = ["Derived", "KNNMeta", "check_int"]
+
+Derived = dict[str, torch.Tensor]
+"""A backend's derived data: named tensors, all computed from one meta by a pure function."""
+
+_UNSIGNED = (torch.uint8, torch.uint16, torch.uint32, torch.uint64)
+
+
+def check_int(name: str, value: Any, *, low: int) -> int:
+    """``value`` as a Python int ``>= low``; ``TypeError`` for anything that is not an integer
+    (bools, floats such as 2.9 or 2.0, strings), ``ValueError`` below ``low``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return int(value)
 
 
 def _check_index_tensor(name: str, t: Any, ndim: int) -> torch.Tensor:
-    """Return ``t`` as an int64 tensor, or raise naming ``name`` if it is not an integer tensor."""
+    """``t`` as an int64 tensor, or raise naming ``name`` if it is not a real integer tensor."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.is_meta:
+        raise ValueError(
+            f"{name} is on the 'meta' device: a KNNMeta needs the index values, not just shapes"
+        )
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
         raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
     if t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
-    return t.to(torch.int64)
-
-
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
+    as_int64 = t.to(torch.int64)
+    if t.dtype == torch.uint64 and bool((as_int64 < 0).any()):
+        # Values of 2**63 and above wrap to negative int64; report the value that was given.
+        pos = tuple(int(i) for i in (as_int64 < 0).nonzero()[0])
+        raise ValueError(f"{name}{list(pos)} = {t[pos].tolist()} does not fit in int64")
+    return as_int64
 
 
 def _check_range(name: str, t: torch.Tensor, low: int, high: int, what: str) -> None:
@@ -66,35 +85,31 @@ def _check_range(name: str, t: torch.Tensor, low: int, high: int, what: str) -> 
         )
 
 
-@dataclass(frozen=True, eq=False)
 class KNNMeta:
     """Immutable description of one KNN-convolution graph (see the module docstring).
 
     Build it with :meth:`from_knn`, :meth:`from_local_rf` or :meth:`from_layer` (the constructor
-    takes the same arguments as :meth:`from_knn`). Every construction validates and takes private
-    int64 copies of the index tensors. Equality is identity (two metas built from the same
-    tensors are different objects); compare graphs with :meth:`same_graph`.
+    takes the same arguments as :meth:`from_knn`). Equality is identity; compare graphs with
+    :meth:`same_graph`.
 
     Attributes:
         knn: ``[K, Nout]`` int64, entries in ``[0, n_in]``; ``n_in`` marks padding.
         rf_index: ``[Nout, K]`` int64, entries in ``[0, v)``.
         n_in: number of input nodes ``Nin``.
-        in_channels: ``Cin``; fixes the layout of :attr:`input_linear`.
+        in_channels: ``Cin``.
         v: number of reference-grid cells ``V``.
     """
 
-    knn: torch.Tensor
-    rf_index: torch.Tensor
-    n_in: int
-    in_channels: int
-    v: int
+    __slots__ = ("knn", "rf_index", "n_in", "in_channels", "v", "_derived")
 
-    def __post_init__(self) -> None:
-        n_in = _check_positive_int("n_in", self.n_in)
-        _check_positive_int("in_channels", self.in_channels)
-        v = _check_positive_int("v", self.v)
-        knn = _check_index_tensor("knn", self.knn, 2)
-        rf_index = _check_index_tensor("rf_index", self.rf_index, 2)
+    def __init__(
+        self, knn: torch.Tensor, rf_index: torch.Tensor, n_in: int, in_channels: int, v: int
+    ) -> None:
+        n_in = check_int("n_in", n_in, low=1)
+        in_channels = check_int("in_channels", in_channels, low=1)
+        v = check_int("v", v, low=1)
+        knn = _check_index_tensor("knn", knn, 2)
+        rf_index = _check_index_tensor("rf_index", rf_index, 2)
         k, n_out = knn.shape
         if k < 1 or n_out < 1:
             raise ValueError(f"knn must be [K, Nout] with K, Nout >= 1, got {tuple(knn.shape)}")
@@ -110,20 +125,49 @@ class KNNMeta:
         _check_range("knn", knn, 0, n_in, f"n_in = {n_in} marks padding")
         _check_range("rf_index", rf_index, 0, v - 1, f"v = {v} cells")
         # Private contiguous copies: the meta must not change if the caller edits its tensors.
-        # (object.__setattr__ because the dataclass is frozen.)
-        knn, rf_index = knn.clone().contiguous(), rf_index.clone().contiguous()
-        object.__setattr__(self, "knn", knn)
-        object.__setattr__(self, "rf_index", rf_index)
-        object.__setattr__(self, "_versions", (knn._version, rf_index._version))
+        self._init(knn.clone().contiguous(), rf_index.clone().contiguous(), n_in, in_channels, v)
 
-    def check_unmodified(self) -> None:
-        """Raise if the index tensors were edited in place after the meta was built (through a
-        layer's ``knn``/``rf_index`` buffers, say): caches derived from the meta would be stale."""
-        if (self.knn._version, self.rf_index._version) != self._versions:
-            raise ValueError(
-                "this meta's knn/rf_index were modified in place after it was built; build a new "
-                "KNNMeta (or load a state dict into the layer) instead"
-            )
+    def _init(self, knn, rf_index, n_in, in_channels, v, derived=None) -> None:
+        # object.__setattr__ because __setattr__ below refuses every assignment.
+        for name, value in (
+            ("knn", knn),
+            ("rf_index", rf_index),
+            ("n_in", n_in),
+            ("in_channels", in_channels),
+            ("v", v),
+            ("_derived", {} if derived is None else derived),
+        ):
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def trusted(
+        cls,
+        knn: torch.Tensor,
+        rf_index: torch.Tensor,
+        n_in: int,
+        in_channels: int,
+        v: int,
+        derived: dict[str, Derived] | None = None,
+    ) -> KNNMeta:
+        """A meta over tensors that were validated before, *without* validating or copying them.
+
+        For owners of already-validated graph tensors: a :class:`fovi_ref.KNNConv` building its
+        meta from its buffers, the custom op rebuilding one from its arguments, unpickling.
+        ``derived`` maps a backend name to its derived data (see :meth:`derived`).
+        """
+        meta = object.__new__(cls)
+        meta._init(knn, rf_index, n_in, in_channels, v, derived)
+        return meta
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"KNNMeta is immutable; build a new one instead of setting {name!r}")
+
+    def __reduce__(self):
+        # deepcopy and pickle: rebuild through `trusted`, carrying the derived data along.
+        return (
+            KNNMeta.trusted,
+            (self.knn, self.rf_index, self.n_in, self.in_channels, self.v, dict(self._derived)),
+        )
 
     # ----------------------------------------------------------------------------- builders
     @classmethod
@@ -155,6 +199,8 @@ class KNNMeta:
         """
         if not isinstance(local_rf, torch.Tensor):
             raise TypeError(f"local_rf must be a torch.Tensor, got {type(local_rf).__name__}")
+        if local_rf.is_meta:
+            raise ValueError("local_rf is on the 'meta' device: a KNNMeta needs its values")
         if local_rf.dim() != 3:
             raise ValueError(f"local_rf must be [Nout, K, V], got shape {tuple(local_rf.shape)}")
         if local_rf.is_complex():
@@ -186,34 +232,41 @@ class KNNMeta:
         Reads ``layer.knn_indices_pad_token`` (or ``layer.knn_indices``, where every index at or
         past the input count names a pad coordinate and becomes padding), ``layer.local_rf``,
         ``layer.in_channels`` (unless ``in_channels`` is given) and the input node count from
-        ``layer.in_coords.shape[0]`` (or ``layer.knn_pad_token_val``).
+        ``layer.in_coords.shape[0]`` (or ``layer.knn_pad_token_val``). Each must be a tensor
+        (or an int for the counts); anything else raises ``TypeError`` naming the attribute.
         """
+        what = type(layer).__name__
         if hasattr(layer, "in_coords"):
-            n_in = int(layer.in_coords.shape[0])
+            coords = layer.in_coords
+            if not isinstance(coords, torch.Tensor):
+                raise TypeError(
+                    f"layer.in_coords must be a torch.Tensor, got {type(coords).__name__}"
+                )
+            n_in = int(coords.shape[0])
         elif hasattr(layer, "knn_pad_token_val"):
-            n_in = int(layer.knn_pad_token_val)
+            n_in = check_int("layer.knn_pad_token_val", layer.knn_pad_token_val, low=1)
         else:
             raise TypeError(
-                f"layer ({type(layer).__name__}) has neither in_coords nor knn_pad_token_val; "
+                f"layer ({what}) has neither in_coords nor knn_pad_token_val; "
                 "cannot tell its input node count"
             )
         if hasattr(layer, "knn_indices_pad_token"):
-            knn = layer.knn_indices_pad_token
+            knn = _check_index_tensor("layer.knn_indices_pad_token", layer.knn_indices_pad_token, 2)
         elif hasattr(layer, "knn_indices"):
             knn = _check_index_tensor("layer.knn_indices", layer.knn_indices, 2)
             knn = knn.clamp(max=n_in)  # fovi numbers pad coordinates n_in, n_in+1, ...
         else:
-            raise TypeError(
-                f"layer ({type(layer).__name__}) has neither knn_indices_pad_token nor knn_indices"
-            )
+            raise TypeError(f"layer ({what}) has neither knn_indices_pad_token nor knn_indices")
         if not hasattr(layer, "local_rf"):
-            raise TypeError(f"layer ({type(layer).__name__}) has no local_rf")
+            raise TypeError(f"layer ({what}) has no local_rf")
+        if not isinstance(layer.local_rf, torch.Tensor):
+            raise TypeError(
+                f"layer.local_rf must be a torch.Tensor, got {type(layer.local_rf).__name__}"
+            )
         if in_channels is None:
             if not hasattr(layer, "in_channels"):
-                raise TypeError(
-                    f"layer ({type(layer).__name__}) has no in_channels; pass in_channels="
-                )
-            in_channels = int(layer.in_channels)
+                raise TypeError(f"layer ({what}) has no in_channels; pass in_channels=")
+            in_channels = check_int("layer.in_channels", layer.in_channels, low=1)
         return cls.from_local_rf(
             knn.detach(), layer.local_rf.detach(), n_in=n_in, in_channels=in_channels
         )
@@ -222,29 +275,29 @@ class KNNMeta:
     @property
     def k(self) -> int:
         """Neighbours per output node, ``K``."""
-        return int(self.knn.shape[0])
+        return self.knn.shape[0]
 
     @property
     def n_out(self) -> int:
         """Output node count, ``Nout``."""
-        return int(self.knn.shape[1])
+        return self.knn.shape[1]
 
     @property
     def device(self) -> torch.device:
         return self.knn.device
 
-    @cached_property
+    @property
     def pad_mask(self) -> torch.Tensor:
         """``[K, Nout]`` bool: True where ``knn[k, n]`` is a padding neighbour."""
         return self.knn == self.n_in
 
-    @cached_property
+    @property
     def has_padding(self) -> bool:
         return bool(self.pad_mask.any())
 
-    @cached_property
+    @property
     def input_linear(self) -> torch.Tensor:
-        """``[Nout, Cin*K]`` int64 index into ``x.reshape(B, Cin*Nin)``.
+        """``[Nout, Cin*K]`` int64 index into ``x.reshape(B, Cin*Nin)`` (fovi's form).
 
         Column ``c*K + k`` of row ``n`` holds ``c*n_in + knn[k, n]``, or ``Cin*n_in`` (one past
         the end of the flattened input) where ``knn[k, n]`` is padding.
@@ -259,13 +312,45 @@ class KNNMeta:
         one_hot = torch.zeros(self.n_out, self.k, self.v, dtype=dtype, device=self.device)
         return one_hot.scatter_(2, self.rf_index.unsqueeze(2), 1)  # [Nout, K, V]
 
+    def derived(self, backend: str, derive: Callable[[KNNMeta], Derived]) -> Derived:
+        """The data ``backend`` derives from this graph: ``derive(self)``, computed once.
+
+        The result is stored on this meta (not in any global cache), so it lives exactly as long
+        as the meta and travels with it through :meth:`to`, ``deepcopy`` and ``pickle``. Two
+        threads asking at once may both compute it; ``setdefault`` keeps one, and both are equal
+        because ``derive`` is a pure function of the graph.
+
+        Inside ``torch.compile`` the data must exist already (derivation reads index values,
+        which a compiled graph cannot): :func:`fovi_ref.prepare` it in eager mode first.
+        """
+        found = self._derived.get(backend)
+        if found is not None:
+            return found
+        if torch.compiler.is_compiling():
+            raise RuntimeError(
+                f"the {backend!r} data of this KNNMeta is not derived yet and cannot be derived "
+                f"while compiling; call fovi_ref.prepare(meta, {backend!r}) before torch.compile "
+                "(KNNConv layers prepare their own)"
+            )
+        return self._derived.setdefault(backend, derive(self))
+
     def to(self, device: torch.device | str) -> KNNMeta:
-        """The same graph with its index tensors on ``device`` (``self`` if already there)."""
+        """The same graph with its index tensors and derived data on ``device`` (``self`` if
+        already there)."""
         device = torch.device(device)
         if device.type == self.device.type and (device.index is None or device == self.device):
             return self
-        return KNNMeta(
-            self.knn.to(device), self.rf_index.to(device), self.n_in, self.in_channels, self.v
+        derived = {
+            name: {key: t.to(device) for key, t in data.items()}
+            for name, data in self._derived.items()
+        }
+        return KNNMeta.trusted(
+            self.knn.to(device),
+            self.rf_index.to(device),
+            self.n_in,
+            self.in_channels,
+            self.v,
+            derived,
         )
 
     def same_graph(self, other: KNNMeta) -> bool:
@@ -283,38 +368,3 @@ class KNNMeta:
             f"in_channels={self.in_channels}, padding={int(self.pad_mask.sum())}, "
             f"device={self.device})"
         )
-
-
-class PerMetaCache:
-    """A bounded LRU cache of values derived from a :class:`KNNMeta` (plus an extra key).
-
-    Entries are keyed by the meta's identity and hold only a weak reference to it, so a cached
-    value is never served for another meta that happens to reuse a dead meta's ``id``, the cache
-    never keeps a meta alive, and it never holds more than ``maxsize`` values.
-    """
-
-    def __init__(self, maxsize: int = 32) -> None:
-        self.maxsize = maxsize
-        self._entries: OrderedDict[tuple, tuple[weakref.ref, Any]] = OrderedDict()
-        self.builds = 0  # how many values were computed (tests read it)
-
-    def get(self, meta: KNNMeta, key: Hashable, build: Callable[[], Any]) -> Any:
-        """The value for ``(meta, key)``, calling ``build()`` on a miss."""
-        full_key = (id(meta), key)
-        entry = self._entries.get(full_key)
-        if entry is not None and entry[0]() is meta:
-            self._entries.move_to_end(full_key)
-            return entry[1]
-        value = build()
-        self.builds += 1
-        self._entries[full_key] = (weakref.ref(meta), value)
-        self._entries.move_to_end(full_key)
-        while len(self._entries) > self.maxsize:
-            self._entries.popitem(last=False)
-        return value
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def clear(self) -> None:
-        self._entries.clear()

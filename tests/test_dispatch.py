@@ -69,7 +69,10 @@ def test_register_use_and_unregister_a_backend():
     [
         (types.SimpleNamespace(), "non-empty str attribute 'name'"),
         (types.SimpleNamespace(name=""), "non-empty str attribute 'name'"),
-        (types.SimpleNamespace(name="x", forward=lambda m, x, w, b: x), "no callable grad_input"),
+        (
+            types.SimpleNamespace(name="x", forward=lambda m, x, w, b: x),
+            "grad_input must be callable",
+        ),
         (
             types.SimpleNamespace(
                 name="x",
@@ -86,7 +89,37 @@ def test_register_use_and_unregister_a_backend():
                 grad_input=lambda m, g, w: g,
                 grad_weight=None,
             ),
-            "no callable grad_weight",
+            "grad_weight must be callable",
+        ),
+        (
+            types.SimpleNamespace(
+                name="x",
+                forward=lambda m, x, w, b: x,
+                grad_input=lambda m, g, w: g,
+                grad_weight=lambda m, g, x: g,
+                supports=True,
+            ),
+            "supports must be callable",
+        ),
+        (
+            types.SimpleNamespace(
+                name="x",
+                forward=lambda m, x, w, b: x,
+                grad_input=lambda m, g, w: g,
+                grad_weight=lambda m, g, x: g,
+                supports=lambda: True,
+            ),
+            "supports must accept",
+        ),
+        (
+            types.SimpleNamespace(
+                name="x",
+                forward=lambda m, x, w, b: x,
+                grad_input=lambda m, g, w: g,
+                grad_weight=lambda m, g, x: g,
+                derive=lambda: {},
+            ),
+            "derive must accept",
         ),
     ],
 )
@@ -117,6 +150,59 @@ def test_route_and_route_layer_agree(k, v, expected):
     assert route_layer(KNNConv(3, 4, meta)) == expected
     fovi_layer = types.SimpleNamespace(_k=k, local_rf=torch.zeros(meta.n_out, k, v))
     assert route_layer(fovi_layer) == expected
+
+
+def test_route_rejects_what_is_not_a_graph():
+    with pytest.raises(TypeError, match="meta must be a fovi_ref.KNNMeta, got NoneType"):
+        route(None)
+    with pytest.raises(TypeError, match="route_layer needs a KNN conv layer"):
+        route_layer(object())
+
+
+def test_a_backend_returning_the_wrong_shape_or_dtype_is_named():
+    meta = random_meta(4, 4)
+    x, w, b = sample_inputs(meta)
+    general = get_ops("general")
+    bad = [
+        ("forward", lambda m, x, w, b: general.forward(m, x, w, b)[:, :, :-1], "from forward"),
+        ("forward", lambda m, x, w, b: general.forward(m, x, w, b).float(), "from forward"),
+        ("grad_input", lambda m, g, w: general.grad_input(m, g, w)[:1], "from grad_input"),
+        ("grad_weight", lambda m, g, x: general.grad_weight(m, g, x).t(), "from grad_weight"),
+    ]
+    for method, fn, message in bad:
+        ops = types.SimpleNamespace(
+            name="broken",
+            forward=general.forward,
+            grad_input=general.grad_input,
+            grad_weight=general.grad_weight,
+        )
+        setattr(ops, method, fn)
+        register_ops(ops)
+        try:
+            with pytest.raises(RuntimeError, match=f"backend 'broken' returned .* {message}"):
+                y = knn_conv(x, w, b, meta, backend="broken")
+                torch.autograd.grad(y, (x, w), torch.ones_like(y))
+        finally:
+            unregister_ops("broken")
+
+
+def test_a_backend_returning_another_layout_is_brought_to_fovis():
+    meta = random_meta(4, 4)
+    x, w, b = sample_inputs(meta)
+    general = get_ops("general")
+    ops = types.SimpleNamespace(
+        name="contiguous_general",
+        forward=lambda m, x, w, b: general.forward(m, x, w, b).contiguous(),
+        grad_input=general.grad_input,
+        grad_weight=general.grad_weight,
+    )
+    register_ops(ops)
+    try:
+        y = knn_conv(x, w, b, meta, backend="contiguous_general")
+    finally:
+        unregister_ops("contiguous_general")
+    assert y.transpose(1, 2).is_contiguous()
+    torch.testing.assert_close(y, knn_conv(x, w, b, meta, backend="general"), rtol=0, atol=0)
 
 
 def test_dispatcher_uses_the_routed_backend(monkeypatch):

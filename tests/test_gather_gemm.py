@@ -1,4 +1,4 @@
-"""The gather_gemm backend's internals: node index, scatter matrix, its cache and budget."""
+"""The gather_gemm backend's internals: its derived data (index, padding, S) and the S budget."""
 
 from __future__ import annotations
 
@@ -9,56 +9,53 @@ from torch.profiler import ProfilerActivity, profile
 
 from fovi_ref import KNNMeta, knn_conv
 from fovi_ref import knn_gather_gemm as gg
-from fovi_ref.knn_gather_gemm import GatherGemmOps, _node_index, _scatter_matrix
+from fovi_ref.knn_gather_gemm import GatherGemmOps, derive
 
 
-def test_node_index_without_padding_is_knn_row():
+def test_derived_index_without_padding_is_the_knn_row():
     meta = random_meta(1, 1, padding=False)
-    index, valid = _node_index(meta)
-    assert valid is None
-    assert torch.equal(index, meta.knn[0])
+    data = derive(meta)
+    assert torch.equal(data["index"], meta.knn[0])
+    assert data["padding"].numel() == 0
 
 
-def test_node_index_with_padding():
+def test_derived_index_with_padding():
     knn = torch.tensor([[2, 5, 0, 5]])  # n_in = 5: nodes 1 and 3 are padding
     meta = KNNMeta.from_knn(knn, torch.zeros(4, 1, dtype=torch.long), n_in=5, in_channels=3, v=1)
-    index, valid = _node_index(meta)
-    assert valid.tolist() == [True, False, True, False]
-    assert index.tolist() == [2, 0, 0, 0]  # padding replaced by a safe index, masked later
+    data = derive(meta)
+    assert data["padding"].tolist() == [1, 3]
+    assert data["index"].tolist() == [2, 0, 0, 0]  # padding replaced by a safe index, zeroed later
 
 
 def test_scatter_matrix_is_one_hot_with_zero_padding_rows():
     knn = torch.tensor([[2, 5, 2, 4]])  # nodes 0 and 2 collide on input 2; node 1 is padding
     meta = KNNMeta.from_knn(knn, torch.zeros(4, 1, dtype=torch.long), n_in=5, in_channels=1, v=1)
-    s = _scatter_matrix(meta, torch.float32)
     expected = torch.zeros(4, 5)
     expected[0, 2] = expected[2, 2] = expected[3, 4] = 1
-    assert torch.equal(s, expected)
+    assert torch.equal(derive(meta)["scatter"], expected)
+
+
+def test_scatter_matrix_is_kept_only_for_small_graphs(monkeypatch):
+    monkeypatch.setattr(gg, "S_MAX_ELEMENTS", 100)
+    assert derive(random_meta(1, 1, n_in=10, n_out=10))["scatter"].shape == (10, 10)
+    assert derive(random_meta(1, 1, n_in=11, n_out=10))["scatter"].shape == (0, 11)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_scatter_matrix_cached_per_meta_dtype_device(device):
-    gg._scatter_cache.clear()
-    builds = gg._scatter_cache.builds
-    a = random_meta(1, 1, seed=1, device=device)
-    b = random_meta(1, 1, seed=1, device=device)  # same graph, another meta
-    s1 = _scatter_matrix(a, torch.float32)
-    assert _scatter_matrix(a, torch.float32) is s1  # built once
-    assert gg._scatter_cache.builds == builds + 1
-    s_half = _scatter_matrix(a, torch.float16)
-    assert s_half.dtype == torch.float16 and s_half is not s1
-    assert _scatter_matrix(b, torch.float32) is not s1  # not shared across metas
-    assert gg._scatter_cache.builds == builds + 3
-    assert s1.device.type == device
+def test_derived_data_lives_on_the_meta_and_moves_with_it(device):
+    a = random_meta(1, 1, seed=1)
+    b = random_meta(1, 1, seed=1)  # same graph, another meta: nothing shared
+    first = a.derived("gather_gemm", derive)
+    assert a.derived("gather_gemm", lambda m: pytest.fail("derived twice")) is first
+    assert b.derived("gather_gemm", derive) is not first
+    moved = a.to(device)
+    assert moved.derived("gather_gemm", lambda m: pytest.fail("moved data is derived again"))
+    assert moved.derived("gather_gemm", derive)["scatter"].device.type == device
 
 
-def test_scatter_cache_serves_no_stale_matrix_and_stays_bounded():
-    gg._scatter_cache.clear()
-    for seed in range(3 * gg._scatter_cache.maxsize):
-        meta = random_meta(1, 1, seed=seed)
-        s = _scatter_matrix(meta, torch.float64)
-        assert torch.equal(s.argmax(1)[~meta.pad_mask[0]], meta.knn[0][~meta.pad_mask[0]])
-    assert len(gg._scatter_cache) <= gg._scatter_cache.maxsize
+def test_derive_refuses_other_graphs():
+    with pytest.raises(ValueError, match="K == 1 and V == 1"):
+        derive(random_meta(9, 9))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -109,4 +106,5 @@ def test_forward_is_one_gather_and_one_gemm():
     gemm_ops = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
     assert sum(counts.get(op, 0) for op in gemm_ops) == 1, counts
     y = knn_conv(x, w, b, meta)
-    assert y.is_contiguous() and y.shape == (2, 4, meta.n_out)
+    assert y.shape == (2, 4, meta.n_out)
+    assert y.transpose(1, 2).is_contiguous()  # fovi's layout, written by the GEMM directly

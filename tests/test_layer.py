@@ -76,24 +76,23 @@ def test_forced_backend_and_bad_arguments():
     torch.testing.assert_close(layer(x), knn_conv(x, layer.weight, layer.bias, meta))
     with pytest.raises(ValueError, match="in_channels=4 differs from meta.in_channels=3"):
         KNNConv(4, 5, meta)
-    with pytest.raises(ValueError, match="out_channels must be a positive int"):
+    with pytest.raises(ValueError, match="out_channels must be >= 1"):
         KNNConv(3, 0, meta)
+    with pytest.raises(TypeError, match="in_channels must be an int, got float 2.0"):
+        KNNConv(2.0, 4, meta)
+    with pytest.raises(TypeError, match="bias must be a bool"):
+        KNNConv(3, 4, meta, bias="yes")
+    with pytest.raises(ValueError, match="unknown backend 'nope'"):
+        KNNConv(3, 4, meta, backend="nope")
     with pytest.raises(TypeError, match="meta must be a fovi_ref.KNNMeta"):
         KNNConv(3, 5, meta.knn)
     assert isinstance(layer.meta, KNNMeta)
 
 
-def test_layer_owns_its_graph_and_refuses_in_place_edits():
+def test_layer_owns_a_private_copy_of_the_graph():
     meta = random_meta(1, 1)
     layer = KNNConv(3, 5, meta)
-    assert layer.knn is not meta.knn  # editing the layer cannot touch the caller's meta
-    x = torch.randn(2, 3, meta.n_in)
-    layer(x)
-    with torch.no_grad():
-        layer.knn[0, 5] = (layer.knn[0, 5] + 1) % meta.n_in
-    with pytest.raises(ValueError, match="modified in place"):
-        layer(x)
-    assert meta.same_graph(random_meta(1, 1))
+    assert layer.knn.data_ptr() != meta.knn.data_ptr()
 
 
 def test_buffers_replaced_with_garbage_are_refused():
@@ -105,3 +104,66 @@ def test_buffers_replaced_with_garbage_are_refused():
 
     with pytest.raises(ValueError, match="knn entries must lie in"):
         layer._apply(garbage)
+
+
+def test_derived_data_are_non_persistent_buffers():
+    layer = KNNConv(3, 5, random_meta(9, 9))
+    buffers = dict(layer.named_buffers())
+    derived = {name for name in buffers if name.startswith("derived_")}
+    assert derived and "derived_forward_first" in derived  # general's segment-sum plans
+    assert set(layer.state_dict()) == {"weight", "bias", "knn", "rf_index"}
+    layer.backend = "einsum_baseline"  # another backend: its own derived data replace them
+    assert {n for n, _ in layer.named_buffers() if n.startswith("derived_")} == {"derived_local_rf"}
+
+
+def test_assigning_a_graph_works_or_raises():
+    meta_a, meta_b = random_meta(4, 4, seed=1), random_meta(4, 4, seed=2)
+    layer = KNNConv(3, 5, meta_a)
+    x = torch.randn(2, 3, meta_a.n_in)
+    layer.meta = meta_b  # validated, derived, used by forward, saved
+    assert layer.meta.same_graph(meta_b)
+    torch.testing.assert_close(layer(x), knn_conv(x, layer.weight, layer.bias, meta_b))
+    assert torch.equal(layer.state_dict()["knn"], meta_b.knn)
+    with pytest.raises(AttributeError, match="assign a new graph with layer.meta"):
+        layer.knn = meta_a.knn
+    with pytest.raises(AttributeError, match="assign a new graph with layer.meta"):
+        layer.rf_index = meta_a.rf_index
+    with pytest.raises(ValueError, match="must keep"):
+        layer.meta = random_meta(4, 2)  # another V: the weight would not fit
+    assert layer.meta.same_graph(meta_b)
+
+
+def snapshot(layer):
+    return {name: t.clone() for name, t in [*layer.state_dict().items()]}
+
+
+@pytest.mark.parametrize(
+    "edit,error,message",
+    [
+        (lambda s: s["knn"].__setitem__((0, 0), 999), ValueError, "knn entries must lie in"),
+        (lambda s: s.__setitem__("knn", s["knn"].float()), TypeError, "integer dtype"),
+        (lambda s: s.__setitem__("rf_index", s["rf_index"][:3]), ValueError, "rf_index must be"),
+        (lambda s: s.__setitem__("weight", s["weight"][:, :3]), ValueError, "weight in the state"),
+    ],
+    ids=["knn_out_of_range", "float_knn", "rf_index_shape", "weight_shape"],
+)
+def test_a_refused_load_leaves_the_layer_exactly_as_it_was(edit, error, message):
+    layer = KNNConv(3, 5, random_meta(4, 4))
+    before = snapshot(layer)
+    state = snapshot(KNNConv(3, 5, random_meta(4, 4, seed=7)))  # other weights, other graph
+    edit(state)
+    with pytest.raises(error, match=message):
+        layer.load_state_dict(state)
+    after = snapshot(layer)
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_loading_another_graph_rederives_and_keys_are_strict():
+    a, b = KNNConv(3, 5, random_meta(4, 4, seed=1)), KNNConv(3, 5, random_meta(4, 4, seed=2))
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 3, a.meta.n_in)
+    assert torch.equal(b(x), a(x))
+    state = a.state_dict()
+    del state["knn"]
+    result = b.load_state_dict(state, strict=False)
+    assert result.missing_keys == ["knn"]

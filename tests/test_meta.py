@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+import threading
 import types
 
 import pytest
@@ -9,7 +12,6 @@ import torch
 from conftest import DEVICES, random_meta
 
 from fovi_ref import KNNMeta
-from fovi_ref.meta import PerMetaCache
 
 
 def small_graph():
@@ -71,7 +73,7 @@ def test_same_graph_and_identity_equality():
     b = random_meta(4, 4, seed=1)
     c = random_meta(4, 4, seed=2)
     assert a.same_graph(b) and not a.same_graph(c)
-    assert a != b and a == a  # equality is identity; caches rely on it
+    assert a != b and a == a  # equality is identity
 
 
 @pytest.mark.parametrize(
@@ -92,6 +94,16 @@ def test_same_graph_and_identity_equality():
         ),
         ({"n_in": 0}, ValueError, "n_in must be >= 1"),
         ({"n_in": 4.0}, TypeError, "n_in must be an int"),
+        ({"in_channels": 2.9}, TypeError, "in_channels must be an int"),
+        ({"in_channels": "2"}, TypeError, "in_channels must be an int"),
+        ({"v": True}, TypeError, "v must be an int"),
+        ({"knn": torch.tensor([[0, 1]], device="meta")}, ValueError, "knn is on the 'meta' device"),
+        ({"knn": torch.tensor([[0, 1]]).to_sparse()}, TypeError, "knn must be a dense"),
+        (
+            {"knn": torch.tensor([[0, 2**64 - 5]], dtype=torch.uint64)},
+            ValueError,
+            r"knn\[0, 1\] = 18446744073709551611 does not fit in int64",
+        ),
         ({"in_channels": 0}, ValueError, "in_channels must be >= 1"),
         ({"v": 0}, ValueError, "v must be >= 1"),
         (
@@ -170,6 +182,33 @@ def test_from_layer(pad_token):
     assert other.in_channels == 7
 
 
+@pytest.mark.parametrize(
+    "attribute,value,error,message",
+    [
+        ("knn_indices_pad_token", [[0, 1]], TypeError, "layer.knn_indices_pad_token must be a"),
+        ("local_rf", "numpy", TypeError, "layer.local_rf must be a torch.Tensor"),
+        ("in_coords", [[0.0, 0.0]], TypeError, "layer.in_coords must be a torch.Tensor"),
+        ("in_channels", 2.9, TypeError, "layer.in_channels must be an int"),
+        ("in_channels", "2", TypeError, "layer.in_channels must be an int"),
+    ],
+)
+def test_from_layer_rejects_bad_attributes(attribute, value, error, message):
+    layer = fovi_like_layer(random_meta(2, 4), pad_token=True)
+    if value == "numpy":
+        value = layer.local_rf.numpy()
+    setattr(layer, attribute, value)
+    with pytest.raises(error, match=message):
+        KNNMeta.from_layer(layer)
+
+
+def test_from_layer_rejects_a_float_pad_token_count():
+    layer = fovi_like_layer(random_meta(2, 4), pad_token=True)
+    del layer.in_coords
+    layer.knn_pad_token_val = 5.7
+    with pytest.raises(TypeError, match="layer.knn_pad_token_val must be an int"):
+        KNNMeta.from_layer(layer)
+
+
 def test_from_layer_missing_attributes():
     with pytest.raises(TypeError, match="input node count"):
         KNNMeta.from_layer(types.SimpleNamespace())
@@ -188,24 +227,56 @@ def test_to_device(device):
     assert moved.to(device) is moved
 
 
-def test_per_meta_cache_is_bounded_and_identity_keyed():
-    cache = PerMetaCache(maxsize=2)
-    metas = [random_meta(1, 1, seed=s) for s in range(3)]
-    values = [cache.get(m, "key", lambda m=m: m.n_out + id(m)) for m in metas]
-    assert cache.builds == 3 and len(cache) == 2
-    assert cache.get(metas[2], "key", lambda: -1) == values[2]  # hit
-    assert cache.get(metas[0], "key", lambda: -1) == -1  # evicted: rebuilt
-    assert cache.get(metas[0], "other", lambda: -2) == -2  # the extra key separates entries
-
-
 def test_the_constructor_validates_too():
     with pytest.raises(ValueError, match=r"knn\[0, 2\] = 7"):
         KNNMeta(torch.tensor([[0, 5, 7, 2]]), torch.zeros(4, 1, dtype=torch.long), 5, 1, 1)
 
 
-def test_in_place_edits_are_detected():
+def test_meta_is_immutable():
     meta = random_meta(4, 4)
-    meta.check_unmodified()
-    meta.knn[0, 0] = (meta.knn[0, 0] + 1) % meta.n_in
-    with pytest.raises(ValueError, match="modified in place"):
-        meta.check_unmodified()
+    with pytest.raises(AttributeError, match="KNNMeta is immutable"):
+        meta.n_in = 3
+
+
+def derive_twice_the_knn(meta):
+    return {"twice": 2 * meta.knn}
+
+
+def test_derived_data_is_computed_once_and_owned_by_the_meta():
+    meta = random_meta(4, 4)
+    calls = []
+
+    def derive(m):
+        calls.append(m)
+        return derive_twice_the_knn(m)
+
+    first = meta.derived("mine", derive)
+    assert meta.derived("mine", derive) is first and calls == [meta]
+    assert random_meta(4, 4).derived("mine", derive) is not first  # another meta: its own data
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copies_carry_graph_and_derived_data(how):
+    meta = random_meta(4, 4)
+    meta.derived("mine", derive_twice_the_knn)
+    copied = copy.deepcopy(meta) if how == "deepcopy" else pickle.loads(pickle.dumps(meta))
+    assert copied is not meta and copied.same_graph(meta)
+    data = copied.derived("mine", lambda m: pytest.fail("a copy derives again"))
+    assert torch.equal(data["twice"], 2 * meta.knn)
+    assert copied.knn.data_ptr() != meta.knn.data_ptr()  # its own tensors
+
+
+def test_threads_deriving_at_once_agree():
+    meta = random_meta(9, 9, n_in=300, n_out=200)
+    results = []
+
+    def work():
+        results.append(meta.derived("mine", derive_twice_the_knn)["twice"])
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 8 and all(torch.equal(r, results[0]) for r in results)
