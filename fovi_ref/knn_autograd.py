@@ -282,19 +282,26 @@ class _KNNConvFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, weight = ctx.saved_tensors
-        meta, ops, has_bias = ctx.graph
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        second_order = torch.is_grad_enabled()  # backward(create_graph=True)
-        with torch.no_grad():
-            grad_x = _grad_input(ops, meta, grad_y, weight) if need_x else None
-            grad_w = _grad_weight(ops, meta, grad_y, x) if need_w else None
-            grad_b = grad_y.sum(dim=(0, 2)) if has_bias and need_b else None  # [Cout]
-        grads = (grad_x, grad_w, grad_b)
-        if second_order:  # a gradient of these gradients must fail loudly, not come out zero
-            sources = (grad_y, x, weight)  # what the gradients depend on
+        if torch.is_grad_enabled():  # backward(create_graph=True): a second order is coming
+            with torch.no_grad():
+                grads = _backend_grads(ctx, grad_y)
+            # A gradient of these gradients must fail loudly, not silently come out zero.
+            sources = (grad_y, *ctx.saved_tensors)  # what the gradients depend on
             grads = tuple(None if g is None else _FirstOrderOnly.apply(g, *sources) for g in grads)
+        else:
+            grads = _backend_grads(ctx, grad_y)
         return *grads, None, None
+
+
+def _backend_grads(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """``(grad_x, grad_weight, grad_bias)`` of the eager door, each only where needed."""
+    x, weight = ctx.saved_tensors
+    meta, ops, has_bias = ctx.graph
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    grad_x = _grad_input(ops, meta, grad_y, weight) if need_x else None
+    grad_w = _grad_weight(ops, meta, grad_y, x) if need_w else None
+    grad_b = grad_y.sum(dim=(0, 2)) if has_bias and need_b else None  # [Cout]
+    return grad_x, grad_w, grad_b
 
 
 class _FirstOrderOnly(torch.autograd.Function):

@@ -151,7 +151,8 @@ class GatherGemmOps:
         data = meta.derived(NAME, derive)
         batch, c_in = grad_y.shape[0], weight.shape[1]
         # d[b] = W^T @ grad_y[b]: one batched GEMM writing [B, Cin, Nout] (the scatter's layout).
-        d_sel = torch.matmul(weight.t(), grad_y)  # [B, Cin, Nout]
+        # bmm over an expanded W^T: matmul's broadcasting path costs more at every size here.
+        d_sel = torch.bmm(weight.t().expand(batch, -1, -1), grad_y)  # [B, Cin, Nout]
         if data["padding"].numel():
             d_sel.index_fill_(2, data["padding"], 0)  # padding receives nothing
         if uses_dense_scatter(meta, grad_y.device) and data["scatter"].numel():

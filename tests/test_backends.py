@@ -9,6 +9,13 @@ from conftest import DEVICES, LOW_PRECISION, random_meta, sample_inputs
 
 from fovi_ref import KNNMeta, knn_conv
 from fovi_ref.grid import conv2d_grid_meta, to_grid, to_nodes
+from fovi_ref.knn_general import (
+    SegmentSumPlan,
+    segment_sum,
+    segment_sum_entries,
+    segment_sum_naive,
+)
+from fovi_ref.knn_general import derive as general_derive
 from fovi_ref.tolerances import judge
 from fovi_ref.verify import backends_for, forward_and_grads
 
@@ -134,15 +141,44 @@ def test_padding_contributes_exact_zero_and_gets_no_gradient(k, v, device):
         assert torch.equal(grad_x[:, :, unused], torch.zeros_like(grad_x[:, :, unused])), backend
 
 
+def order_sensitive_rows(rows: int, batch: int, device) -> torch.Tensor:
+    """float32 values spread over 2**-12 .. 2**12 with random signs: adding them in another
+    order changes the rounded sum, so a test comparing bits can see the order."""
+    g = torch.Generator().manual_seed(3)
+    scale = 2.0 ** torch.randint(-12, 13, (rows, batch), generator=g)
+    return (torch.randn(rows, batch, generator=g) * scale).to(device)
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_general_backward_is_deterministic(device):
-    meta = random_meta(9, 9, n_in=80, n_out=60, in_channels=8, seed=5, device=device)
-    x, w, b = sample_inputs(meta, out_channels=16, batch=4, dtype=torch.float32)
-    grad_y = torch.randn(4, 16, meta.n_out, device=device)
-    first = forward_and_grads(x, w, b, meta, grad_y, "general")
-    for _ in range(3):
-        again = forward_and_grads(x, w, b, meta, grad_y, "general")
-        assert all(torch.equal(a, f) for a, f in zip(again, first, strict=True))
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_segment_sums_add_in_listed_order_bit_for_bit(direction, device):
+    """general's sums run in a fixed order: every row adds its contributions one at a time, in
+    increasing k (forward: the neighbours in a cell; backward: the (k, n) pairs reading an input).
+    Checked bitwise against a sequential loop over the entries; on CUDA this is what index_add_
+    (atomics) would not give. The reversed loop differs, so the data can tell orders apart."""
+    meta = random_meta(9, 3, n_in=25, n_out=40, in_channels=2, seed=11, device=device)
+    z_row, x_row = segment_sum_entries(meta)
+    dst, src = (z_row, x_row) if direction == "forward" else (x_row, z_row)
+    size = (
+        (meta.in_channels * meta.v * meta.n_out)
+        if direction == "forward"
+        else (meta.in_channels * meta.n_in)
+    )
+    values = order_sensitive_rows(int(src.max()) + 1, 3, device)
+    plan = SegmentSumPlan.from_derived(general_derive(meta), direction)
+    got = segment_sum(values, plan)
+
+    def sequential(order):
+        out = torch.zeros(size, 3, device=device)
+        for e in order:
+            out[dst[e]] += values[src[e]]
+        return out
+
+    entries = range(dst.numel())
+    assert torch.equal(got, sequential(entries))
+    assert not torch.equal(got, sequential(reversed(entries)))  # the test has power
+    naive = segment_sum_naive(values, dst, src, size)  # the readable twin: same sums
+    torch.testing.assert_close(naive, got, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,0 +1,46 @@
+"""Benchmarks: measuring tools, the per-layer bench, and the boundary and many-graphs ratios.
+
+- :mod:`fovi_ref.bench.measure`: side-by-side timing, floors, peak memory, profiler helpers
+  (re-exported here: ``from fovi_ref import bench; bench.time_contenders(...)``).
+- :mod:`fovi_ref.bench.layers`: ``python -m fovi_ref bench``, the res18 layers, targets, tables.
+- :mod:`fovi_ref.bench.boundary`: ``python -m fovi_ref bench --boundary``, the fixed cost of the
+  op boundary and of having many distinct graphs.
+"""
+
+from fovi_ref.bench.measure import (
+    KERNEL_OPS,
+    Contender,
+    Inputs,
+    conv2d_floor,
+    fovi_einsum,
+    gemm_floor,
+    knn_backend,
+    knn_backend_direct,
+    make_inputs,
+    op_counts,
+    op_sequence,
+    peak_memory_bytes,
+    plot_timeline,
+    profile_contender,
+    time_contenders,
+    timeline,
+)
+
+__all__ = [
+    "KERNEL_OPS",
+    "Contender",
+    "Inputs",
+    "conv2d_floor",
+    "fovi_einsum",
+    "gemm_floor",
+    "knn_backend",
+    "knn_backend_direct",
+    "make_inputs",
+    "op_counts",
+    "op_sequence",
+    "peak_memory_bytes",
+    "plot_timeline",
+    "profile_contender",
+    "time_contenders",
+    "timeline",
+]
