@@ -1,14 +1,24 @@
 """fovi_ref.geometry: the real fovi-resnet18 KNN graphs, built from scratch.
 
-By default the graphs follow fovi 2.4.0 (PyPI); ``fovi_version="bf792c2"`` gives those of fovi's
-GitHub commit bf792c2, pinned below as per-node digits from graphs checked node by node against
-that commit's KNNResNet() on CPU. The rest checks the properties the construction must have, on
-the default graphs.
+Two fovi versions are pinned, so these tests need no fovi:
+
+- fovi 2.4.0 (PyPI), the default: ``tests/data/fovi_2.4.0_graphs.json``, written by
+  ``scripts/pin_fovi_graphs.py`` from fovi's own ``KNNResNet(device="cpu", ...)`` for four settings
+  (the defaults, ``field_geometry="legacy"``, and two other ``in_res``/``fov``/``cmf_a``). For every
+  layer it holds the sha256 of ``knn_indices_pad_token`` and of ``local_rf.argmax(-1)`` and one
+  digit per node; the rebuilt graphs are element-wise identical on the machine that pinned them.
+- fovi commit bf792c2 (GitHub), ``fovi_version="bf792c2"``: per-node digits below, from graphs
+  checked node by node against that commit's KNNResNet() on CPU.
+
+The rest checks the properties the construction must have, on the default graphs.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import time
+from pathlib import Path
 
 import matplotlib
 import numpy as np
@@ -31,7 +41,7 @@ from fovi_ref.geometry import (
 )
 from fovi_ref.geometry import neighbours as neighbours_module
 from fovi_ref.geometry.cells import grid_side
-from fovi_ref.geometry.digest import node_agreement, node_digits
+from fovi_ref.geometry.digest import node_agreement, node_digits, tensor_sha256
 from fovi_ref.geometry.manifold import _rho_planar, _z_legacy, _z_planar, cortical_coords
 from fovi_ref.geometry.neighbours import nearest_neighbours, output_batch_size
 from fovi_ref.meta import KNNMeta
@@ -64,6 +74,11 @@ TABLE = [
 ]
 NAMES = [row[0] for row in TABLE]
 DOWNSAMPLES = list(RES18_DOWNSAMPLES.values())
+
+PINNED_2_4_0 = json.loads(
+    (Path(__file__).parent / "data" / "fovi_2.4.0_graphs.json").read_text(encoding="utf-8")
+)
+SETTINGS_2_4_0 = list(PINNED_2_4_0["settings"])
 
 # fovi commit bf792c2: one hex digit per output node (fovi_ref.geometry.digest.node_digits),
 # computed from graphs verified identical to that commit's. Layers not listed repeat a listed one
@@ -120,6 +135,12 @@ def layers() -> dict[str, LayerGraph]:
     return resnet18_layers()
 
 
+@functools.cache
+def layers_for(setting: str) -> dict[str, LayerGraph]:
+    """fovi_ref's rebuild of one pinned fovi 2.4.0 setting (kwargs as given to KNNResNet)."""
+    return resnet18_layers(**PINNED_2_4_0["settings"][setting]["kwargs"])
+
+
 # ----------------------------------------------------------------------------- the layer table
 def test_layer_table(layers):
     assert list(layers) == NAMES
@@ -130,6 +151,55 @@ def test_layer_table(layers):
         assert got == (c_in, c_out, c_in, k, v, n_in, n_out), name
         assert g.in_coords.shape == (n_in, 2) and g.out_coords.shape == (n_out, 2)
         assert g.frame.shape == (k, n_out, 2) and g.ref_grid.shape == (v, 2)
+
+
+# ------------------------------------------------------------------ fovi 2.4.0, pinned
+def test_pinned_data_describe_fovi_2_4_0():
+    assert PINNED_2_4_0["fovi_version"] == "2.4.0"
+    kwargs = {name: s["kwargs"] for name, s in PINNED_2_4_0["settings"].items()}
+    assert kwargs["default"] == {"in_res": 64, "fov": 16, "cmf_a": 0.5, "field_geometry": "planar"}
+    assert {k["field_geometry"] for k in kwargs.values()} == {"planar", "legacy"}
+    assert len({(k["in_res"], k["fov"], k["cmf_a"]) for k in kwargs.values()}) >= 3
+    for setting in PINNED_2_4_0["settings"].values():
+        assert list(setting["layers"]) == NAMES
+
+
+@pytest.mark.parametrize("setting", SETTINGS_2_4_0)
+def test_graphs_match_fovi_2_4_0_per_node(setting):
+    """>= 99% of every layer's nodes carry the (neighbour, cell) set fovi 2.4.0 builds.
+
+    On the machine that pinned the data the agreement is 100% (and the tensors are identical, see
+    the next test); the 1% slack is for platforms whose libm/SIMD rounding settles a near-tie
+    differently, as it would in fovi itself.
+    """
+    layers = layers_for(setting)
+    for name, pinned in PINNED_2_4_0["settings"][setting]["layers"].items():
+        m = layers[name].meta
+        got = (m.in_channels, layers[name].out_channels, m.k, m.v, m.n_in, m.n_out)
+        want = tuple(pinned[f] for f in ("in_channels", "out_channels", "k", "v", "n_in", "n_out"))
+        assert got == want, (setting, name)
+        agree = node_agreement(node_digits(m.knn, m.rf_index), pinned["node_digits"]) / m.n_out
+        assert agree >= 0.99, f"{setting} {name}: {agree:.2%} of nodes match fovi 2.4.0"
+
+
+@pytest.mark.parametrize("setting", SETTINGS_2_4_0)
+def test_graphs_match_fovi_2_4_0_exactly(setting):
+    """knn [K, Nout] and rf_index [Nout, K] are element-wise fovi 2.4.0's, on every layer."""
+    layers = layers_for(setting)
+    differ = []
+    for name, pinned in PINNED_2_4_0["settings"][setting]["layers"].items():
+        m = layers[name].meta
+        if (tensor_sha256(m.knn), tensor_sha256(m.rf_index)) != (
+            pinned["knn_sha256"],
+            pinned["rf_index_sha256"],
+        ):
+            nodes = node_agreement(node_digits(m.knn, m.rf_index), pinned["node_digits"])
+            differ.append(f"{name} ({nodes}/{m.n_out} nodes agree)")
+    env = PINNED_2_4_0["environment"]
+    assert not differ, (
+        f"{setting}: graphs differ from fovi 2.4.0's in {', '.join(differ)}; pinned with numpy "
+        f"{env['numpy']}, torch {env['torch']} on {env['machine']} {env['system']}"
+    )
 
 
 def test_defaults_are_fovi_2_4_0_planar(layers):
