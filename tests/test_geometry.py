@@ -15,7 +15,6 @@ The rest checks the properties the construction must have, on the default graphs
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from pathlib import Path
@@ -135,9 +134,11 @@ def layers() -> dict[str, LayerGraph]:
     return resnet18_layers()
 
 
-@functools.cache
 def layers_for(setting: str) -> dict[str, LayerGraph]:
-    """fovi_ref's rebuild of one pinned fovi 2.4.0 setting (kwargs as given to KNNResNet)."""
+    """fovi_ref's rebuild of one pinned fovi 2.4.0 setting (kwargs as given to KNNResNet).
+
+    The records are cached by resnet18_layers itself, so the two tests of a setting share them.
+    """
     return resnet18_layers(**PINNED_2_4_0["settings"][setting]["kwargs"])
 
 
