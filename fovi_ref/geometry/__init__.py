@@ -24,11 +24,30 @@ node reads (``knn [K, Nout]``) and which of the ``V`` kernel cells each of them 
    ``ceil(sqrt K)``-square grid: fovi's one-hot ``local_rf``.
 
 :mod:`.graph` chains these for one layer; :mod:`.resnet18` lists the 20 convolutions of the
-network; :mod:`.stats` summarises a graph; :mod:`.plot` draws one.
+network; :mod:`.stats` summarises a graph; :mod:`.plot` draws one; :mod:`.digest` fingerprints
+one, so graphs can be pinned in a file and compared with fovi's without installing fovi.
 
-The float dtypes and the order of operations follow fovi, so the graphs are identical to
-fovi's, not merely similar: ties between distances are common on these symmetric rings and
-float32 rounding decides them.
+**Which fovi.** By default the graphs are those of fovi 2.4.0, the release on PyPI:
+``resnet18_layers()`` equals, tensor for tensor, the ``knn_indices_pad_token`` and
+``local_rf.argmax(-1)`` of every ``KNNConvLayer`` of fovi 2.4.0's ``KNNResNet(device="cpu")``
+(``in_res=64, fov=16, cmf_a=0.5``, isotropic sampling, ``field_geometry="planar"``). Other
+``in_res``, ``fov``, ``cmf_a`` and ``field_geometry="legacy"`` follow 2.4.0 as well (four
+settings are pinned in ``tests/data/fovi_2.4.0_graphs.json``). ``fovi_version="bf792c2"`` gives
+instead the graphs of fovi's GitHub commit bf792c2, which this package first reproduced.
+
+The two versions share the neighbour and cell code and differ in the samplings:
+
+- the cortical surface. 2.4.0 defaults to a *planar* visual field, ``rho(r) = M(r) r`` with an
+  exact closed-form ``z(r)``; bf792c2 only has what 2.4.0 calls ``"legacy"``,
+  ``rho(r) = M(r) sin(r deg) 180/pi`` with ``z(r)`` read off a float64 table;
+- the precision of the sample points. 2.4.0 computes the angles of a ring in float32
+  (``arange(n) * (2 pi / n)``) and its points with torch's float32 cosine and sine, pad rings
+  included, and maps float32 points to cortex in float32; bf792c2 took float64 NumPy angles and
+  points.
+
+Both change only which of two (nearly) equally distant candidates wins, but such ties are common
+on these symmetric rings and float32 rounding decides them: the float dtypes and the order of
+operations here follow fovi's, so the graphs are identical to fovi's, not merely similar.
 
 Built records are cached (building all 20 takes about a second on one core); treat their tensors as
 read-only, and call :func:`clear_caches` to force a rebuild.
@@ -37,7 +56,7 @@ read-only, and call :func:`clear_caches` to force a rebuild.
 from __future__ import annotations
 
 from fovi_ref.geometry.graph import LayerGraph, _graph_tensors, layer_graph
-from fovi_ref.geometry.manifold import z_table
+from fovi_ref.geometry.manifold import FIELD_GEOMETRIES, z_table
 from fovi_ref.geometry.plot import plot_neighbourhood, plot_sampling
 from fovi_ref.geometry.resnet18 import (
     RES18_DOWNSAMPLES,
@@ -48,10 +67,19 @@ from fovi_ref.geometry.resnet18 import (
     resnet18_layers,
     resnet18_plan,
 )
-from fovi_ref.geometry.sampling import FoveatedSampling, foveated_sampling
+from fovi_ref.geometry.sampling import (
+    DEFAULT_FOVI_VERSION,
+    FOVI_VERSIONS,
+    FoveatedSampling,
+    _cached_sampling,
+    foveated_sampling,
+)
 from fovi_ref.geometry.stats import GraphStats, graph_stats
 
 __all__ = [
+    "DEFAULT_FOVI_VERSION",
+    "FIELD_GEOMETRIES",
+    "FOVI_VERSIONS",
     "RES18_DOWNSAMPLES",
     "ConvSpec",
     "FoveatedSampling",
@@ -72,5 +100,5 @@ __all__ = [
 
 def clear_caches() -> None:
     """Forget every cached sampling, cortical table, graph and layer record."""
-    for cached in (z_table, foveated_sampling, _graph_tensors, _cached_layers):
+    for cached in (z_table, _cached_sampling, _graph_tensors, _cached_layers):
         cached.cache_clear()

@@ -5,6 +5,10 @@
 (:mod:`~fovi_ref.geometry.neighbours`) and the reference-grid cells
 (:mod:`~fovi_ref.geometry.cells`), and wraps the result in a :class:`~fovi_ref.meta.KNNMeta`
 plus what is needed to look at it (:class:`LayerGraph`).
+
+``fovi_version`` and ``field_geometry`` choose whose arithmetic and which cortical surface build
+the samplings (:mod:`~fovi_ref.geometry.sampling`, :mod:`~fovi_ref.geometry.manifold`); the
+neighbour and cell steps are the same in every version.
 """
 
 from __future__ import annotations
@@ -22,7 +26,12 @@ from fovi_ref.geometry.cells import (
     reference_grid,
 )
 from fovi_ref.geometry.neighbours import nearest_neighbours
-from fovi_ref.geometry.sampling import foveated_sampling
+from fovi_ref.geometry.sampling import (
+    DEFAULT_FOVI_VERSION,
+    check_sampling_params,
+    foveated_sampling,
+    resolve_field_geometry,
+)
 from fovi_ref.meta import KNNMeta
 
 __all__ = ["LayerGraph", "layer_graph"]
@@ -39,6 +48,9 @@ class LayerGraph:
         meta: the graph (``knn [K, Nout]``, ``rf_index [Nout, K]``, ``n_in``, ``v``, ...).
         in_channels, out_channels: ``Cin``, ``Cout``.
         in_res, out_res: rings of the input and output samplings (``out_res = in_res // stride``).
+        fovi_version: whose sampling arithmetic built it (``"2.4.0"`` or ``"bf792c2"``).
+        field_geometry: the cortical surface distances were measured on (``"planar"`` or
+            ``"legacy"``).
         in_coords: ``[Nin, 2]`` float32 visual coordinates of the inputs (unit disk = field of
             view).
         out_coords: ``[Nout, 2]`` same, for the outputs.
@@ -56,6 +68,8 @@ class LayerGraph:
     out_channels: int
     in_res: int
     out_res: int
+    fovi_version: str
+    field_geometry: str
     in_coords: torch.Tensor
     out_coords: torch.Tensor
     in_pad_coords: torch.Tensor
@@ -88,11 +102,17 @@ class LayerGraph:
 
 @functools.lru_cache(maxsize=64)
 def _graph_tensors(
-    in_res: int, out_res: int, k: int, fov: float, cmf_a: float
+    in_res: int,
+    out_res: int,
+    k: int,
+    fov: float,
+    cmf_a: float,
+    field_geometry: str,
+    fovi_version: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(raw_knn, knn, rf_index, frame, ref_grid)`` for one (samplings, k); shared by layers."""
-    inputs = foveated_sampling(in_res, fov, cmf_a)
-    outputs = foveated_sampling(out_res, fov, cmf_a)
+    inputs = foveated_sampling(in_res, fov, cmf_a, field_geometry, fovi_version)
+    outputs = foveated_sampling(out_res, fov, cmf_a, field_geometry, fovi_version)
     raw, knn = nearest_neighbours(inputs, outputs, k)  # [K, Nout] each
     grid = reference_grid(grid_side(raw.shape[0]))  # [V, 2]
     frame = normalise_frame(local_frame(inputs, outputs, raw))  # [K, Nout, 2]
@@ -110,15 +130,23 @@ def layer_graph(
     out_res: int,
     fov: float,
     cmf_a: float,
+    field_geometry: str | None = None,
+    fovi_version: str = DEFAULT_FOVI_VERSION,
 ) -> LayerGraph:
     """Build the graph of a KNN convolution from ``in_res`` rings to ``out_res`` rings.
 
     ``k`` is the requested neighbour count; the graph has ``K = min(k, Nin)`` and
-    ``V = ceil(sqrt(K))^2``. The geometric part is cached per ``(in_res, out_res, k, fov, cmf_a)``.
+    ``V = ceil(sqrt(K))^2``. ``fovi_version`` (``"2.4.0"`` or ``"bf792c2"``) selects the
+    sampling arithmetic and ``field_geometry`` the cortical surface (None: the version's
+    default, ``"planar"`` for 2.4.0). The geometric part is cached per argument tuple.
     """
-    raw, knn, rf_index, frame, grid = _graph_tensors(in_res, out_res, k, fov, cmf_a)
-    inputs = foveated_sampling(in_res, fov, cmf_a)
-    outputs = foveated_sampling(out_res, fov, cmf_a)
+    check_sampling_params(fov, cmf_a, fovi_version=fovi_version, field_geometry=field_geometry)
+    geometry = resolve_field_geometry(fovi_version, field_geometry)
+    raw, knn, rf_index, frame, grid = _graph_tensors(
+        in_res, out_res, k, fov, cmf_a, geometry, fovi_version
+    )
+    inputs = foveated_sampling(in_res, fov, cmf_a, geometry, fovi_version)
+    outputs = foveated_sampling(out_res, fov, cmf_a, geometry, fovi_version)
     meta = KNNMeta.from_knn(
         knn, rf_index, n_in=inputs.n, in_channels=in_channels, v=int(grid.shape[0])
     )
@@ -129,6 +157,8 @@ def layer_graph(
         out_channels=out_channels,
         in_res=in_res,
         out_res=out_res,
+        fovi_version=fovi_version,
+        field_geometry=geometry,
         in_coords=inputs.cartesian,
         out_coords=outputs.cartesian,
         in_pad_coords=inputs.pad_cartesian,

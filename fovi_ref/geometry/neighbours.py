@@ -15,6 +15,11 @@ so a pad coordinate among the neighbours becomes the padding index ``Nin`` *in i
 Distances are computed with :func:`torch.cdist`, exactly as fovi does: for more than 25 points it
 uses the expansion ``|p|^2 + |q|^2 - 2 p.q``, whose float32 rounding differs from a direct
 difference; reproducing it keeps near-ties (common on these symmetric rings) resolved as in fovi.
+Like fovi 2.4.0, large layers are processed in batches of output nodes, so that no distance
+matrix holds more than about ``5e8`` entries (:func:`output_batch_size`). The batches are part of
+the arithmetic: ``cdist``'s matrix product rounds differently for a different number of columns,
+which can resolve a near-tie the other way, so the batches are fovi's, not merely its formula.
+With ``fov=16, cmf_a=0.5`` the resnet18 stem is the first layer to be split, from ``in_res=166``.
 """
 
 from __future__ import annotations
@@ -23,12 +28,23 @@ import torch
 
 from fovi_ref.geometry.sampling import FoveatedSampling
 
-__all__ = ["capped_k", "nearest_neighbours"]
+__all__ = ["capped_k", "nearest_neighbours", "output_batch_size"]
+
+_MAX_DISTANCES = 500_000_000  # fovi's bound on the entries of one batch's distance matrix
 
 
 def capped_k(k: int, n_in: int) -> int:
     """The neighbour count actually used: ``min(k, n_in)``."""
     return min(k, n_in)
+
+
+def output_batch_size(n_candidates: int, n_out: int) -> int:
+    """Output nodes per distance batch: ``n_out / max(1e-4, n_candidates n_out / 5e8)``, capped.
+
+    The same rule and float64 arithmetic as fovi 2.4.0 (truncated to an int, at most ``n_out``).
+    """
+    pairs = n_candidates * n_out
+    return int(min(n_out / max(0.0001, pairs / _MAX_DISTANCES), n_out))
 
 
 def nearest_neighbours(
@@ -49,7 +65,18 @@ def nearest_neighbours(
     n_in = inputs.n
     k = capped_k(k, n_in)
     candidates = torch.cat([inputs.cortical, inputs.pad_cortical], dim=0)  # [Nin+P, 3]
-    distances = torch.cdist(candidates, outputs.cortical)  # [Nin+P, Nout]
-    raw = torch.topk(distances, k, dim=0, largest=False).indices  # [K, Nout]
+    batch = output_batch_size(candidates.shape[0], outputs.n)
+    raw = torch.cat(
+        [
+            torch.topk(
+                torch.cdist(candidates, outputs.cortical[start : start + batch]),  # [Nin+P, B]
+                k,
+                dim=0,
+                largest=False,
+            ).indices  # [K, B]
+            for start in range(0, outputs.n, batch)
+        ],
+        dim=1,
+    )  # [K, Nout]
     knn = raw.clamp(max=n_in)  # [K, Nout]: every pad coordinate -> padding index Nin
     return raw, knn

@@ -17,6 +17,12 @@ its output grid (each output reads its single nearest input). Records are listed
 order (``named_modules``): ``conv1``, then per block ``conv1``, ``conv2``, ``downsample.0``.
 
 ``K`` is capped at the input count: layer4's two-point grids give ``K = 2``, ``V = 4``.
+
+By default the graphs are those of fovi 2.4.0's ``KNNResNet()`` (planar cortical surface, float32
+sampling); ``field_geometry="legacy"`` gives 2.4.0's ``KNNResNet(field_geometry="legacy")`` and
+``fovi_version="bf792c2"`` the graphs of fovi's GitHub commit bf792c2. The table above (grid
+sizes, ``K``, ``V``) is the same in all three; only which neighbours and cells some nodes get
+differs.
 """
 
 from __future__ import annotations
@@ -25,7 +31,12 @@ import functools
 from dataclasses import dataclass
 
 from fovi_ref.geometry.graph import LayerGraph, layer_graph
-from fovi_ref.geometry.sampling import check_sampling_params, strided_res
+from fovi_ref.geometry.sampling import (
+    DEFAULT_FOVI_VERSION,
+    check_sampling_params,
+    resolve_field_geometry,
+    strided_res,
+)
 
 __all__ = [
     "RES18_DOWNSAMPLES",
@@ -82,10 +93,14 @@ def resnet18_plan(in_res: int = 64) -> list[ConvSpec]:
     return plan
 
 
-def _check_resnet18_params(in_res: int, fov: float, cmf_a: float, style: str) -> None:
+def _check_resnet18_params(
+    in_res: int, fov: float, cmf_a: float, style: str, fovi_version: str, field_geometry: str | None
+) -> None:
     if isinstance(in_res, bool) or not isinstance(in_res, int) or in_res < 1:
         raise ValueError(f"in_res must be an int >= 1, got {in_res!r}")
-    check_sampling_params(fov, cmf_a, style)
+    check_sampling_params(
+        fov, cmf_a, style, fovi_version=fovi_version, field_geometry=field_geometry
+    )
     smallest = in_res // 2**5  # stem, pool and three strided stages each halve the rings
     if smallest < 2:
         raise ValueError(
@@ -95,7 +110,9 @@ def _check_resnet18_params(in_res: int, fov: float, cmf_a: float, style: str) ->
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_layers(in_res: int, fov: float, cmf_a: float) -> tuple[tuple[str, LayerGraph], ...]:
+def _cached_layers(
+    in_res: int, fov: float, cmf_a: float, field_geometry: str, fovi_version: str
+) -> tuple[tuple[str, LayerGraph], ...]:
     return tuple(
         (
             spec.name,
@@ -108,6 +125,8 @@ def _cached_layers(in_res: int, fov: float, cmf_a: float) -> tuple[tuple[str, La
                 out_res=spec.out_res,
                 fov=fov,
                 cmf_a=cmf_a,
+                field_geometry=field_geometry,
+                fovi_version=fovi_version,
             ),
         )
         for spec in resnet18_plan(in_res)
@@ -115,24 +134,38 @@ def _cached_layers(in_res: int, fov: float, cmf_a: float) -> tuple[tuple[str, La
 
 
 def resnet18_layers(
-    in_res: int = 64, fov: float = 16, cmf_a: float = 0.5, style: str = "isotropic"
+    in_res: int = 64,
+    fov: float = 16,
+    cmf_a: float = 0.5,
+    style: str = "isotropic",
+    field_geometry: str | None = None,
+    fovi_version: str = DEFAULT_FOVI_VERSION,
 ) -> dict[str, LayerGraph]:
     """The graphs of all 20 KNN convolutions of fovi's KNNResNet-18, in module order.
+
+    With the defaults these are the graphs of fovi 2.4.0's ``KNNResNet(device="cpu")``.
 
     Args:
         in_res: rings of the input sampling (fovi's default 64 gives 5977 input points).
         fov: field-of-view diameter in degrees. cmf_a: ``a`` of ``M(r) = k / (r + a)``.
         style: sampling style; only ``"isotropic"`` is implemented.
+        field_geometry: fovi's cortical surface, ``"planar"`` or ``"legacy"``; None (default)
+            means the version's default: ``"planar"`` for 2.4.0, ``"legacy"`` for bf792c2 (which
+            has no other).
+        fovi_version: ``"2.4.0"`` (default, the release on PyPI) or ``"bf792c2"`` (the GitHub
+            commit whose float64 sampling angles this package first reproduced).
 
     Returns:
         A new dict ``{module path: LayerGraph}`` each call; the records themselves are cached.
 
     Raises:
         ValueError: naming the argument, for ``in_res < 64`` (too few rings for layer4),
-            ``fov <= 0``, ``cmf_a <= 0`` or an unknown ``style``.
+            ``fov <= 0``, ``cmf_a <= 0``, an unknown ``style``, ``fovi_version`` or
+            ``field_geometry``, or a ``field_geometry`` the version does not have.
     """
-    _check_resnet18_params(in_res, fov, cmf_a, style)
-    return dict(_cached_layers(in_res, fov, cmf_a))
+    _check_resnet18_params(in_res, fov, cmf_a, style, fovi_version, field_geometry)
+    geometry = resolve_field_geometry(fovi_version, field_geometry)
+    return dict(_cached_layers(in_res, fov, cmf_a, geometry, fovi_version))
 
 
 class UnknownLayerError(KeyError):

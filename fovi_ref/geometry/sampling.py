@@ -23,9 +23,26 @@ is a pad coordinate is a padding neighbour.
 
 A strided sampling is simply the sampling with ``res // stride`` rings.
 
-The dtypes reproduce fovi's: radii are computed in float32, point coordinates in float64 (ring
-radius times the cosine/sine of a float64 angle) and stored as float32; pad coordinates are
-float32 throughout. This matters because ties between neighbour distances are decided in float32.
+**Arithmetic.** The formulas above are the same in every fovi version; the roundings are not, and
+ties between neighbour distances are decided in float32, so the arithmetic is part of the graph.
+Radii are float32 in both versions handled here (``torch.linspace``/``torch.exp``). Then:
+
+- fovi 2.4.0 (``fovi_version="2.4.0"``, the default): everything is float32 torch. A ring's
+  angles are ``arange(n) * (2 pi / n)`` (float32), its points ``r_i cos``/``r_i sin`` of them
+  (``torch.cos``/``torch.sin``). Pad rings: the step ``d``, the first pad radius ``r_last + d`` and
+  the pad angles ``arange(0, 2 pi, d)`` are float32 tensors, cosines and sines by torch.
+- fovi commit bf792c2 (``fovi_version="bf792c2"``): a ring's angles are NumPy's float64
+  ``linspace(0, 2 pi, n, endpoint=False)`` and its points are computed in float64 (float32 radius
+  widened), then stored as float32. Pad rings: step and first pad radius in float64, pad radii
+  and angles rounded to float32 by ``torch.arange``, cosines and sines by NumPy in float32.
+
+The cortical map that follows (:mod:`.manifold`) receives the float32 points (2.4.0) or the
+float64 ones (bf792c2) and the float32 pad points.
+
+fovi computes a point at a time (0-d tensors); here each ring is one vectorised call. The results
+are the same floats, since these elementwise functions compute every lane alike; for 2.4.0 this
+was checked bitwise against fovi's ``SamplingCoords`` (points, pads and both cortical maps) for
+144 samplings (``res`` 2 to 128, six ``fov``/``cmf_a`` pairs, both surfaces).
 """
 
 from __future__ import annotations
@@ -37,13 +54,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fovi_ref.geometry.manifold import cortical_coords
+from fovi_ref.geometry.manifold import FIELD_GEOMETRIES, check_field_geometry, cortical_coords
 
 __all__ = [
+    "DEFAULT_FOVI_VERSION",
+    "FOVI_VERSIONS",
     "STYLES",
     "FoveatedSampling",
     "check_sampling_params",
     "foveated_sampling",
+    "resolve_field_geometry",
     "ring_radii",
     "strided_res",
 ]
@@ -51,16 +71,54 @@ __all__ = [
 STYLES = ("isotropic",)
 """Sampling styles implemented here (fovi has more: log-polar, uniform, fixed-n, ...)."""
 
+FOVI_VERSIONS = ("2.4.0", "bf792c2")
+"""fovi versions whose sampling arithmetic is reproduced: the release on PyPI, and the GitHub
+commit the first version of this package was checked against."""
+
+DEFAULT_FOVI_VERSION = "2.4.0"
+
+_VERSION_GEOMETRIES = {"2.4.0": FIELD_GEOMETRIES, "bf792c2": ("legacy",)}
+"""Cortical surfaces each version has; the first is its default (bf792c2 predates "planar")."""
+
 _PAD_DEPTH = 0.5  # how far (in field-of-view radii) the pad rings reach past the edge
 
 
-def check_sampling_params(
-    fov: float, cmf_a: float, style: str = "isotropic", res: int | None = None
-) -> None:
-    """Raise ``ValueError`` naming the first bad argument among ``style, res, fov, cmf_a``.
+def resolve_field_geometry(fovi_version: str, field_geometry: str | None) -> str:
+    """The cortical surface to use: ``field_geometry``, or ``fovi_version``'s default if None.
 
-    ``res`` (rings) is checked only when given; a sampling needs ``res >= 2`` (one ring and the
-    fixation point, which also fixes the pad ring's spacing).
+    The defaults are fovi's: ``"planar"`` for 2.4.0, ``"legacy"`` (its only one) for bf792c2.
+    Raises ``ValueError`` for an unknown version, an unknown surface, or one the version lacks.
+    """
+    if fovi_version not in FOVI_VERSIONS:
+        raise ValueError(
+            f"fovi_version={fovi_version!r} is not supported; supported: {FOVI_VERSIONS}"
+        )
+    available = _VERSION_GEOMETRIES[fovi_version]
+    if field_geometry is None:
+        return available[0]
+    check_field_geometry(field_geometry)
+    if field_geometry not in available:
+        raise ValueError(
+            f"field_geometry={field_geometry!r} does not exist in fovi {fovi_version}; "
+            f"it has {available}"
+        )
+    return field_geometry
+
+
+def check_sampling_params(
+    fov: float,
+    cmf_a: float,
+    style: str = "isotropic",
+    res: int | None = None,
+    fovi_version: str = DEFAULT_FOVI_VERSION,
+    field_geometry: str | None = None,
+) -> None:
+    """Raise ``ValueError`` naming the first bad argument.
+
+    Checked in order: ``style, res, fov, cmf_a``, then ``fovi_version`` and ``field_geometry``
+    (:func:`resolve_field_geometry`). ``res`` (rings) is checked only when given; a sampling
+    needs ``res >= 2`` (one ring and the fixation point, which also fixes the pad ring's
+    spacing).
     """
     if style not in STYLES:
         raise ValueError(f"style={style!r} is not supported; supported styles: {STYLES}")
@@ -70,6 +128,7 @@ def check_sampling_params(
         is_number = isinstance(value, int | float) and not isinstance(value, bool)
         if not (is_number and value > 0 and math.isfinite(value)):
             raise ValueError(f"{arg} ({what}) must be a finite number > 0, got {value!r}")
+    resolve_field_geometry(fovi_version, field_geometry)
 
 
 def strided_res(res: int, stride: int) -> int:
@@ -81,7 +140,7 @@ def strided_res(res: int, stride: int) -> int:
 
 
 def ring_radii(res: int, fov: float, cmf_a: float) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """Ring radii and points per ring (see the module docstring).
+    """Ring radii and points per ring (see the module docstring); the same in both versions.
 
     Returns:
         ``radii [res]`` float32, normalised so the last ring is at 1, and ``counts`` (``res``
@@ -101,8 +160,30 @@ def ring_radii(res: int, fov: float, cmf_a: float) -> tuple[torch.Tensor, tuple[
     return radii, tuple(counts)
 
 
-def _ring_points(radii: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
-    """``[N, 2]`` float64 cartesian points, ring by ring (``N = sum(counts)``)."""
+# ------------------------------------------------------------------- fovi 2.4.0: float32
+def _ring_points_2_4_0(radii: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
+    """fovi 2.4.0: ``[N, 2]`` float32 ring points from float32 angles ``j * (2 pi / n)``."""
+    angles = torch.cat(
+        [torch.arange(n, dtype=torch.float32) * (2 * math.pi / n) for n in counts]
+    )  # [N] float32
+    radius = torch.repeat_interleave(radii, torch.tensor(counts))  # [N] float32
+    return torch.stack([radius * torch.cos(angles), radius * torch.sin(angles)], dim=1)
+
+
+def _pad_points_2_4_0(radii: torch.Tensor) -> torch.Tensor:
+    """fovi 2.4.0: ``[P, 2]`` float32 pad coordinates, every step in float32 torch."""
+    step = radii[-1] - radii[-2]  # float32
+    start = radii[-1] + step  # float32
+    pad_radii = torch.arange(start, start + _PAD_DEPTH, step)  # [R] float32
+    angles = torch.arange(0, 2 * math.pi, step)  # [A] float32
+    x = pad_radii[:, None] * torch.cos(angles)[None, :]  # [R, A]
+    y = pad_radii[:, None] * torch.sin(angles)[None, :]
+    return torch.stack([x.reshape(-1), y.reshape(-1)], dim=1)  # [R*A, 2], ring by ring
+
+
+# -------------------------------------------------------------- fovi bf792c2: float64 angles
+def _ring_points_bf792c2(radii: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
+    """bf792c2: ``[N, 2]`` float64 ring points from NumPy's float64 ``linspace`` angles."""
     angles = torch.from_numpy(
         np.concatenate([np.linspace(0, 2 * np.pi, n, endpoint=False) for n in counts])
     )  # [N] float64
@@ -110,14 +191,14 @@ def _ring_points(radii: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
     return torch.stack([radius * torch.cos(angles), radius * torch.sin(angles)], dim=1)
 
 
-def _pad_points(radii: torch.Tensor) -> torch.Tensor:
-    """``[P, 2]`` float32 pad coordinates outside the unit disk (see the module docstring)."""
+def _pad_points_bf792c2(radii: torch.Tensor) -> torch.Tensor:
+    """bf792c2: ``[P, 2]`` float32 pad coordinates; step and start in float64, NumPy cosines."""
     last, second_last = radii[-1].double(), radii[-2].double()
     step = last - second_last  # float64
     start = last + step
     pad_radii = torch.arange(start, start + _PAD_DEPTH, step)  # [R] float32
     angles = torch.arange(0, 2 * np.pi, step).numpy()  # [A] float32
-    cos = torch.from_numpy(np.cos(angles))  # [A] float32, NumPy's float32 cosine as in fovi
+    cos = torch.from_numpy(np.cos(angles))  # [A] float32, NumPy's float32 cosine
     sin = torch.from_numpy(np.sin(angles))
     x = pad_radii[:, None] * cos[None, :]  # [R, A]
     y = pad_radii[:, None] * sin[None, :]
@@ -130,6 +211,8 @@ class FoveatedSampling:
 
     Attributes:
         res, fov, cmf_a: the parameters it was built from.
+        fovi_version: whose arithmetic built it (:data:`FOVI_VERSIONS`).
+        field_geometry: the cortical surface of ``cortical`` (``"planar"`` or ``"legacy"``).
         radii: ``[res]`` float32 ring radii (field-of-view edge at 1).
         ring_sizes: points per ring.
         cartesian: ``[N, 2]`` float32 visual coordinates (unit disk = field of view).
@@ -141,6 +224,8 @@ class FoveatedSampling:
     res: int
     fov: float
     cmf_a: float
+    fovi_version: str
+    field_geometry: str
     radii: torch.Tensor
     ring_sizes: tuple[int, ...]
     cartesian: torch.Tensor
@@ -159,21 +244,47 @@ class FoveatedSampling:
         return int(self.pad_cartesian.shape[0])
 
 
+def foveated_sampling(
+    res: int,
+    fov: float,
+    cmf_a: float,
+    field_geometry: str | None = None,
+    fovi_version: str = DEFAULT_FOVI_VERSION,
+) -> FoveatedSampling:
+    """The isotropic sampling with ``res`` rings, built (once) with ``fovi_version``'s arithmetic.
+
+    ``field_geometry=None`` means the version's default surface (:func:`resolve_field_geometry`):
+    ``"planar"`` for fovi 2.4.0, ``"legacy"`` for bf792c2.
+    """
+    check_sampling_params(
+        fov, cmf_a, res=res, fovi_version=fovi_version, field_geometry=field_geometry
+    )
+    return _cached_sampling(
+        res, fov, cmf_a, resolve_field_geometry(fovi_version, field_geometry), fovi_version
+    )
+
+
 @functools.lru_cache(maxsize=32)
-def foveated_sampling(res: int, fov: float, cmf_a: float) -> FoveatedSampling:
-    """Build (once per argument triple) the isotropic sampling with ``res`` rings."""
-    check_sampling_params(fov, cmf_a, res=res)
+def _cached_sampling(
+    res: int, fov: float, cmf_a: float, field_geometry: str, fovi_version: str
+) -> FoveatedSampling:
     radii, counts = ring_radii(res, fov, cmf_a)
-    points = _ring_points(radii, counts)  # [N, 2] float64
-    pads = _pad_points(radii)  # [P, 2] float32
+    if fovi_version == "2.4.0":
+        points = _ring_points_2_4_0(radii, counts)  # [N, 2] float32
+        pads = _pad_points_2_4_0(radii)  # [P, 2] float32
+    else:
+        points = _ring_points_bf792c2(radii, counts)  # [N, 2] float64
+        pads = _pad_points_bf792c2(radii)  # [P, 2] float32
     return FoveatedSampling(
         res=res,
         fov=fov,
         cmf_a=cmf_a,
+        fovi_version=fovi_version,
+        field_geometry=field_geometry,
         radii=radii,
         ring_sizes=counts,
         cartesian=points.to(torch.float32),
-        cortical=cortical_coords(points.numpy(), fov, cmf_a),
+        cortical=cortical_coords(points.numpy(), fov, cmf_a, field_geometry),
         pad_cartesian=pads,
-        pad_cortical=cortical_coords(pads.numpy(), fov, cmf_a),
+        pad_cortical=cortical_coords(pads.numpy(), fov, cmf_a, field_geometry),
     )
