@@ -212,12 +212,12 @@ def run(args) -> None:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
-    (out / "measure.json").write_text(
+    (out / "bench.json").write_text(
         json.dumps({"run": meta, "k1": ds_rows, "general": gen_rows}, indent=1)
     )
-    write_csv(out / "measure.csv", ds_rows, gen_rows)
-    plot_bench(out / "measure.png", ds_rows, gen_rows, meta)
-    print(f"results in {out}/measure.json, measure.csv, measure.png")
+    write_csv(out / "bench.csv", ds_rows, gen_rows)
+    plot_bench(out / "bench.png", ds_rows, gen_rows, meta)
+    print(f"results in {out}/bench.json, bench.csv, bench.png")
 
 
 def write_csv(path: Path, ds_rows: list[dict], gen_rows: list[dict]) -> None:
