@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fovi_ref.bench import boundary, layers
+from fovi_ref.bench import boundary, layers, network
 from fovi_ref.bench.layers import DTYPES, layer_names, progress
 from fovi_ref.geometry import get_layer
 from fovi_ref.knn_autograd import route
@@ -101,6 +101,12 @@ def parser() -> argparse.ArgumentParser:
         help="instead: the op boundary's fixed cost on tiny graphs, and 100 distinct graphs "
         "against one shared graph (eager, compiled, exported)",
     )
+    b.add_argument(
+        "--network",
+        choices=["resnet18"],
+        help="instead: the whole fovi-resnet18 trunk, routed backends against every conv on "
+        "einsum_baseline, at batch 16 and 64 (time and peak memory)",
+    )
     for sp in (v, b):
         sp.add_argument("--out", default=argparse.SUPPRESS)
         sp.add_argument("--device", default=argparse.SUPPRESS)
@@ -121,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         args.dtype = "float32"
     if getattr(args, "boundary", False):
         boundary.run()
+    elif getattr(args, "network", None):
+        network.run(device=args.device, dtype=DTYPES[args.dtype], repeats=args.repeats)
     else:
         layers.run(args)
     return 0

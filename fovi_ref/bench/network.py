@@ -1,0 +1,74 @@
+"""The whole-network figure: ``python -m fovi_ref bench --network resnet18``.
+
+Forward + backward (every parameter's gradient) of the fovi-resnet18 trunk
+(:class:`fovi_ref.network.ResNet18Trunk`: 20 KNN convs with BatchNorm, ReLU, the max pool and the
+residual adds, as fovi wires them), with every convolution routed by the dispatcher, against the
+same trunk with every convolution on ``einsum_baseline`` (fovi's arithmetic). Both start from one
+state dict and see one input; time is the median of interleaved rounds, memory the peak bytes
+allocated during one step. Targets (time, routed / einsum): :data:`TARGETS`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fovi_ref.bench.measure import Contender, peak_memory_bytes, time_contenders
+from fovi_ref.network import ResNet18Trunk
+
+__all__ = ["TARGETS", "network_rows", "run", "trunk_step"]
+
+TARGETS = {16: 0.5, 64: 0.4}
+"""Routed / all-einsum step time the trunk should reach, per batch size."""
+
+
+def trunk_step(model: torch.nn.Module, x: torch.Tensor) -> Contender:
+    """One forward + backward of ``model`` on ``x`` (gradients of every parameter)."""
+    params = list(model.parameters())
+
+    def step():
+        return torch.autograd.grad(model(x).square().mean(), params)
+
+    return step
+
+
+def network_rows(
+    batches=(16, 64), repeats: int = 5, device: str = "cpu", dtype=torch.float32
+) -> list[dict]:
+    """One row per batch size: milliseconds and MiB of each trunk, and their ratios."""
+    torch.manual_seed(0)
+    routed = ResNet18Trunk().to(device=device, dtype=dtype)
+    einsum = ResNet18Trunk(backend="einsum_baseline").to(device=device, dtype=dtype)
+    einsum.load_state_dict(routed.state_dict())
+    n_in = routed.conv1.meta.n_in
+    rows = []
+    for batch in batches:
+        x = torch.randn(batch, 3, n_in, device=device, dtype=dtype)
+        steps = {"routed": trunk_step(routed, x), "einsum": trunk_step(einsum, x)}
+        times = time_contenders(steps, repeats=repeats, warmup=1)
+        memory = {name: peak_memory_bytes(step, device) for name, step in steps.items()}
+        rows.append(
+            {
+                "batch": batch,
+                "ms": {k: 1e3 * v for k, v in times.items()},
+                "MiB": {k: v / 2**20 for k, v in memory.items()},
+                "time ratio": times["routed"] / times["einsum"],
+                "memory ratio": memory["routed"] / memory["einsum"],
+                "target": TARGETS.get(batch),
+            }
+        )
+    return rows
+
+
+def run(batches=(16, 64), repeats: int = 5, device: str = "cpu", dtype=torch.float32) -> list:
+    """Print the table of :func:`network_rows` and return its rows."""
+    rows = network_rows(batches, repeats, device, dtype)
+    print(f"fovi-resnet18 trunk, forward + backward, {device} {str(dtype)[6:]}: routed / einsum")
+    print(f"{'batch':>6}{'routed ms':>11}{'einsum ms':>11}{'time':>7}{'target':>8}{'memory':>8}")
+    for r in rows:
+        target = "-" if r["target"] is None else f"{r['target']:.2f}"
+        missed = "" if r["target"] is None or r["time ratio"] <= r["target"] else "!"
+        print(
+            f"{r['batch']:>6}{r['ms']['routed']:>11.1f}{r['ms']['einsum']:>11.1f}"
+            f"{r['time ratio']:>6.2f}{missed:1}{target:>8}{r['memory ratio']:>8.2f}"
+        )
+    return rows
