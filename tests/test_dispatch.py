@@ -294,3 +294,14 @@ def test_public_api_names():
         "route_layer",
     ):
         assert hasattr(fovi_ref, name)
+
+
+def test_bad_operands_are_named_before_any_kernel_runs():
+    meta = random_meta(1, 1)
+    x, w, b = sample_inputs(meta)
+    with pytest.raises(ValueError, match=r"weight must be \[Cout >= 1"):
+        knn_conv(x, w[:0], None, meta)
+    with pytest.raises(TypeError, match="x must be a dense"):
+        knn_conv(x.detach().to_sparse(), w, b, meta)
+    with pytest.raises(TypeError, match="bias must be a torch.Tensor or None"):
+        knn_conv(x, w, 1.0, meta)
