@@ -45,7 +45,11 @@ Where fovi 2.4.0 differs from the formula or from itself (each one tested in
    ``gather_gemm`` (and ``torch_cached``, a permuted ``[Nout, B, Cout]``) return other strides.
    Values agree, but layers downstream (BatchNorm) may round differently on other strides, so a
    network's bits change with the backend the dispatcher picks.
-5. **Dispatcher.** On CPU with gradients on, ``auto`` is ``baseline`` for every layer, before
+5. **gather_gemm reads input node 0 for padding.** A padding neighbour gathers node 0 and is
+   multiplied by 0, so a non-finite value at node 0 (read by no real neighbour) makes the padded
+   outputs NaN (the layer then zeroes them, being all-padding) and the whole weight gradient NaN,
+   where the formula gives finite values. No fovi-resnet18 K = 1 graph has padding.
+6. **Dispatcher.** On CPU with gradients on, ``auto`` is ``baseline`` for every layer, before
    the K = V = 1 rule that picks ``gather_gemm`` (which applies on CUDA only). An explicitly
    requested inference-only backend falls back to ``baseline`` under autograd. A backend set in
    ``FOVI_KNN_BACKEND`` applies to every layer of every model: ``gather_gemm`` there raises on
