@@ -16,7 +16,15 @@ import pytest
 import torch
 from conftest import CUDA, random_meta, sample_inputs
 
-from fovi_ref import KNNMeta, available_ops, knn_conv, register_ops, route, unregister_ops
+from fovi_ref import (
+    KNNMeta,
+    available_ops,
+    knn_conv,
+    register_ops,
+    route,
+    unregister_ops,
+    upstream,
+)
 from fovi_ref.bench import make_inputs, time_contenders
 from fovi_ref.geometry import resnet18_layers, resnet18_plan
 from fovi_ref.reference import knn_conv_reference
@@ -26,7 +34,6 @@ pytest.importorskip(
     "fovi",
     reason="fovi 2.4.0 is not installed: pip install --no-deps -r scripts/fovi-requirements.txt",
 )
-from fovi_ref import upstream  # noqa: E402  (after the skip, so its errors are not masked)
 
 F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
 # Small layers of fovi-resnet18 covering its three graph classes (K=9/V=9, K=V=1, K=2/V=4).
