@@ -54,7 +54,7 @@ import torch
 from fovi_ref.knn_einsum_baseline import EinsumBaselineOps
 from fovi_ref.knn_gather_gemm import GatherGemmOps, gather_gemm_applies
 from fovi_ref.knn_general import GeneralOps
-from fovi_ref.layout import fovi_layout_empty
+from fovi_ref.layout import fovi_layout_empty, grad_y_rows
 from fovi_ref.meta import Derived, KNNMeta
 
 __all__ = [
@@ -260,6 +260,12 @@ def _checked_grad(g: Any, ops: Any, what: str, like: torch.Tensor, shape: tuple)
     return g.contiguous()
 
 
+def _grad_bias(grad_y: torch.Tensor) -> torch.Tensor:
+    """``[Cout]``: ``grad_y`` summed over batch and nodes, as rows ``[B*Nout, Cout]`` summed
+    down, the order in which ``F.linear``'s backward sums it in fovi (bit-identical there)."""
+    return grad_y_rows(grad_y).sum(dim=0)
+
+
 def _grad_input(ops, meta, grad_y, weight):
     shape = (grad_y.shape[0], meta.in_channels, meta.n_in)
     return _checked_grad(ops.grad_input(meta, grad_y, weight), ops, "grad_input", grad_y, shape)
@@ -300,7 +306,7 @@ def _backend_grads(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     grad_x = _grad_input(ops, meta, grad_y, weight) if need_x else None
     grad_w = _grad_weight(ops, meta, grad_y, x) if need_w else None
-    grad_b = grad_y.sum(dim=(0, 2)) if has_bias and need_b else None  # [Cout]
+    grad_b = _grad_bias(grad_y) if has_bias and need_b else None
     return grad_x, grad_w, grad_b
 
 
@@ -411,7 +417,7 @@ def _backward(ctx, grad_y: torch.Tensor):
     if ctx.needs_input_grad[1]:
         grad_weight = _grad_weight_op(grad_y, x, *graph)
     if ctx.has_bias and ctx.needs_input_grad[2]:
-        grad_bias = grad_y.sum(dim=(0, 2))  # [Cout]: one reduction
+        grad_bias = _grad_bias(grad_y)
     no_grads = [None] * len(derived)  # the list of derived tensors gets a list back
     return grad_x, grad_weight, grad_bias, None, None, no_grads, None, None, None, None
 

@@ -11,9 +11,10 @@ einsum (``x_cells = sum_k x_nbr * local_rf``, one small matmul per node), and ap
 steps; :meth:`EinsumBaselineOps.grad_input` writes the same adjoint steps out by hand (transpose of
 the linear, of the einsum, and a ``scatter_add_`` for the gather).
 
-This module is written from that description (fovi at commit bf792c2). Checked against that
-commit's own ``KNNConvLayer`` on all 20 fovi-resnet18 layers in float64, forward and both
-gradients agree bit for bit. Benchmarks and notebooks measure the other backends against it.
+This module is written from that description (fovi at commit bf792c2, and 2.4.0's
+``.contiguous()`` before the linear). Checked against fovi 2.4.0's own ``KNNConvLayer`` on all 20
+fovi-resnet18 layers in float64 (``tests/test_fovi_upstream.py``), forward and gradients agree bit
+for bit. Benchmarks and notebooks measure the other backends against it.
 
 One semantic difference from later fovi: a newer upstream revision zeroes the output of a node
 whose neighbours are all padding; here (and in every fovi_ref backend) such a node outputs the
@@ -71,7 +72,10 @@ class EinsumBaselineOps:
         meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """``x [B, Cin, Nin]`` -> ``y [B, Cout, Nout]`` (a transposed view, as in fovi)."""
-        return F.linear(_cell_features(meta, x), weight, bias).transpose(1, 2)  # [B, Cout, Nout]
+        # .contiguous() as in fovi 2.4.0: the features can come out of the einsum as a strided
+        # view, and F.linear then sums in another order (the last bits differ).
+        features = _cell_features(meta, x).contiguous()  # [B, Nout, Cin*V]
+        return F.linear(features, weight, bias).transpose(1, 2)  # [B, Cout, Nout]
 
     @staticmethod
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -100,7 +100,7 @@ class KNNMeta:
         v: number of reference-grid cells ``V``.
     """
 
-    __slots__ = ("knn", "rf_index", "n_in", "in_channels", "v", "_derived")
+    __slots__ = ("knn", "rf_index", "n_in", "in_channels", "v", "_derived", "__weakref__")
 
     def __init__(
         self, knn: torch.Tensor, rf_index: torch.Tensor, n_in: int, in_channels: int, v: int
@@ -237,12 +237,13 @@ class KNNMeta:
         """
         what = type(layer).__name__
         if hasattr(layer, "in_coords"):
-            coords = layer.in_coords
-            if not isinstance(coords, torch.Tensor):
+            shape = getattr(layer.in_coords, "shape", None)  # a tensor, or fovi's SamplingCoords
+            if shape is None or len(shape) < 1:
                 raise TypeError(
-                    f"layer.in_coords must be a torch.Tensor, got {type(coords).__name__}"
+                    "layer.in_coords must have a shape (a torch.Tensor or fovi's SamplingCoords), "
+                    f"got {type(layer.in_coords).__name__}"
                 )
-            n_in = int(coords.shape[0])
+            n_in = check_int("layer.in_coords.shape[0]", shape[0], low=1)
         elif hasattr(layer, "knn_pad_token_val"):
             n_in = check_int("layer.knn_pad_token_val", layer.knn_pad_token_val, low=1)
         else:

@@ -187,7 +187,7 @@ def test_from_layer(pad_token):
     [
         ("knn_indices_pad_token", [[0, 1]], TypeError, "layer.knn_indices_pad_token must be a"),
         ("local_rf", "numpy", TypeError, "layer.local_rf must be a torch.Tensor"),
-        ("in_coords", [[0.0, 0.0]], TypeError, "layer.in_coords must be a torch.Tensor"),
+        ("in_coords", [[0.0, 0.0]], TypeError, "layer.in_coords must have a shape"),
         ("in_channels", 2.9, TypeError, "layer.in_channels must be an int"),
         ("in_channels", "2", TypeError, "layer.in_channels must be an int"),
     ],
