@@ -150,9 +150,10 @@ class GatherGemmOps:
         ``(W^T grad_y) S``, or by an index scatter above the ``S`` budget."""
         data = meta.derived(NAME, derive)
         batch, c_in = grad_y.shape[0], weight.shape[1]
-        # d[b] = W^T @ grad_y[b]: one batched GEMM writing [B, Cin, Nout] (the scatter's layout).
-        # bmm over an expanded W^T: matmul's broadcasting path costs more at every size here.
-        d_sel = torch.bmm(weight.t().expand(batch, -1, -1), grad_y)  # [B, Cin, Nout]
+        # d[b] = W^T @ grad_y[b], as ONE GEMM over the (b, n) rows, then one small copy into the
+        # [B, Cin, Nout] layout that the scatter along the node axis wants.
+        d_rows = grad_y_rows(grad_y) @ weight  # [B*Nout, Cin]
+        d_sel = d_rows.view(batch, meta.n_out, c_in).transpose(1, 2).contiguous()  # [B, Cin, Nout]
         if data["padding"].numel():
             d_sel.index_fill_(2, data["padding"], 0)  # padding receives nothing
         if uses_dense_scatter(meta, grad_y.device) and data["scatter"].numel():
