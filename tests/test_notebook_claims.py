@@ -1,4 +1,4 @@
-"""What the notebooks conclude from measurements, held to the code.
+"""What the notebooks conclude from measurements, held to the code; and what keeps them readable.
 
 ``pytest --nbval`` re-executes the notebooks and compares their machine-independent outputs, but
 it ignores timings (cells marked ``# NBVAL_IGNORE_OUTPUT``). A constant chosen from timings, such
@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
+
+import pytest
 
 from fovi_ref.bench import budget
 from fovi_ref.knn_gather_gemm import DENSE_S_BUDGET
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 BUDGET_NOTEBOOK = NOTEBOOKS / "03_scatter_matrix_budget.ipynb"
+MAX_WIDTH = 100  # JupyterLab wraps longer printed lines mid-row
+
+
+def notebook_paths() -> list[Path]:
+    return sorted(NOTEBOOKS.glob("*.ipynb"))
 
 
 def stored_record(path: Path, kind: str) -> dict:
@@ -97,3 +105,39 @@ def test_record_round_trip():
     layers = {"res18_ds4": point(32, 1.0)}
     record = json.loads(json.dumps(budget.to_record(sweep, layers, device="cpu")))
     assert budget.from_record(record) == (sweep, layers)
+
+
+# ----------------------------------------------------------------- readable, public, runnable
+@pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)
+def test_printed_lines_fit_jupyterlab(path):
+    too_wide = []
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        for output in cell.get("outputs", []):
+            text = output.get("text") or output.get("data", {}).get("text/plain") or ""
+            text = "".join(text) if isinstance(text, list) else text
+            too_wide += [(i, len(line)) for line in text.splitlines() if len(line) > MAX_WIDTH]
+    assert not too_wide, f"printed lines wider than {MAX_WIDTH} (cell, width): {too_wide}"
+
+
+@pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)
+def test_notebooks_use_public_names_only(path):
+    private = re.compile(r"(?:\bimport\s+|\.|,\s*|\(\s*)(_[A-Za-z]\w*)")
+    found = []
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        if cell["cell_type"] == "code":
+            found += [(i, name) for name in private.findall("".join(cell["source"]))]
+    assert not found, f"private names used (cell, name): {found}"
+
+
+@pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)
+def test_notebooks_are_stored_executed(path):
+    """Every code cell was run, in order, without an error, and no cell ends on a matplotlib
+    object (its repr would be compared: end plotting cells with ``plt.show()``)."""
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    assert [c["execution_count"] for c in cells] == list(range(1, len(cells) + 1))
+    for cell in cells:
+        head = "".join(cell["source"])[:80]
+        for output in cell["outputs"]:
+            assert output["output_type"] != "error", head
+            if output["output_type"] == "execute_result":
+                assert not "".join(output["data"].get("text/plain", "")).startswith("<"), head
