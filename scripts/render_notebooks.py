@@ -30,7 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "render"
 WIDTH = 1400  # px; JupyterLab wraps printed lines wider than its cell area
-HEIGHT = 16000  # px; the notebook panel is as tall as the window, so a tall window shows more
+HEIGHT = int(os.environ.get("RENDER_HEIGHT", 16000))  # px; the notebook panel is as tall as the
+# window, so a tall window shows more of it (RENDER_HEIGHT=24000 for a longer notebook)
 SETTLE_S = 25  # seconds Chromium lets JupyterLab run before the screenshot
 
 
@@ -87,6 +88,22 @@ def screenshot(browser: str, url: str, path: Path, profile: Path) -> None:
     subprocess.run(cmd, check=True, capture_output=True, timeout=SETTLE_S + 120)
 
 
+def cut_off(path: Path) -> bool:
+    """True when the notebook seems to run past the bottom of the screenshot: the last rows
+    above JupyterLab's status bar are not blank (needs Pillow, which matplotlib brings)."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return False
+    with Image.open(path) as im:
+        gray = im.convert("L")
+        width, height = gray.size
+        band = gray.crop(
+            (width // 4, height - 240, width - 60, height - 40)
+        )  # above the status bar
+        return band.getextrema()[0] < 200  # anything darker than a pale grey is content
+
+
 def main(argv: list[str]) -> int:
     notebooks = [Path(a).resolve() for a in argv] or sorted((ROOT / "notebooks").glob("*.ipynb"))
     browser = chromium()
@@ -124,6 +141,8 @@ def main(argv: list[str]) -> int:
                 path = OUT / f"{nb.stem}.png"
                 screenshot(browser, url, path, tmp / "chromium")
                 print(f"wrote {path.relative_to(ROOT)}")
+                if cut_off(path):
+                    print(f"  {nb.name} may run past {HEIGHT} px: set RENDER_HEIGHT higher")
         finally:
             server.terminate()  # the server this script started, and only it
             try:
