@@ -1,17 +1,35 @@
 # Everyday commands; the README's two quick-start commands need none of these.
 PY ?= .venv/bin/python
+# `make venv TORCH_INDEX=https://download.pytorch.org/whl/cpu` for the CPU build on a machine
+# where a plain `pip install torch` would fetch the CUDA one.
+TORCH_INDEX ?=
+# JupyterLab refuses to start as root (in a container, say) without --allow-root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: venv test notebooks lint format bench verify
+.PHONY: venv test notebooks lab render lint format bench verify
 
-venv:
-	python3.11 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e ".[dev]"
+venv:            ## .venv with the pinned torch and the dev tools
+	python3.11 -m venv .venv
+	.venv/bin/pip install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	.venv/bin/pip install -e ".[dev]"
 
 test:            ## unit tests and every notebook, outputs compared (what CI runs)
 	$(PY) -m pytest --nbval
 
-notebooks:       ## re-execute every notebook in place, top to bottom
-	$(PY) -m jupyter nbconvert --to notebook --execute --inplace \
-	  --ExecutePreprocessor.timeout=600 notebooks/*.ipynb
+notebooks:       ## re-execute every notebook in place, top to bottom, and say how long each took
+	@for nb in notebooks/*.ipynb; do \
+	  start=$$(date +%s); \
+	  $(PY) -m jupyter nbconvert --to notebook --execute --inplace --log-level WARN \
+	    --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False $$nb \
+	    || exit 1; \
+	  echo "$$nb: $$(( $$(date +%s) - start )) s"; \
+	done
+
+lab:             ## JupyterLab on 127.0.0.1 for the notebooks (open the URL it prints)
+	$(PY) -m jupyter lab --ip 127.0.0.1 --no-browser $(ROOT_FLAG) notebooks
+
+render:          ## screenshots of the notebooks in JupyterLab, in results/render/ (needs chromium)
+	$(PY) scripts/render_notebooks.py
 
 lint:
 	$(PY) -m ruff check fovi_ref tests notebooks scripts

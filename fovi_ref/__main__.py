@@ -69,37 +69,120 @@ def run_verify(args: argparse.Namespace) -> bool:
 
 
 # -------------------------------------------------------------------------------------- CLI
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows every option's default (lists space-separated, as typed; none for flags and for
+    options whose help says what their absence means), and keeps the line breaks of
+    descriptions and epilogs."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or default is None
+            or default is False
+            or default == argparse.SUPPRESS
+        ):
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, list) else default
+        return f"{text} (default: {shown})"
+
+
+DESCRIPTION = """\
+Verify every backend of the KNN convolution on every fovi-resnet18 layer against a float64
+oracle, then measure them.
+
+Without a subcommand: verify (all layers, float32/float16/bfloat16, batch 4), and if every
+check passes, a short bench (float32, batch 64, 5 rounds). Results go to the --out folder."""
+
+VERIFY_DESCRIPTION = """\
+Run forward and the gradients of x, weight and bias through every backend that accepts each
+layer's graph, in each dtype, and compare them with the float64 oracle run on the same rounded
+inputs (fovi_ref.reference). Each check passes when its relative error
+max|value - ref| / max|ref| is within the bound of fovi_ref/tolerances.py for that dtype.
+
+Table: one row per layer and backend; per dtype a cell "PASS 0.35" gives the verdict of the
+worst of the four quantities and its error as a fraction of its bound (below 1 passes).
+Writes OUT/verify.json. Exits 1 if any check fails, else 0."""
+
+
+def _bench_epilog() -> str:
+    lines = ["targets (time ratios, measured side by side; a '!' in the tables marks a miss):"]
+    lines += [f"  {name:<30} <= {target}" for name, target in layers.TARGETS.items()]
+    lines += [
+        "with --boundary:",
+        f"  {'knn_conv / plain torch, K = 1':<30} <= {boundary.BOUNDARY_TARGET}",
+        f"  {'100 distinct / shared graphs':<30} <= {boundary.SCALE_TARGET}",
+        "Definitions: fovi_ref/bench/layers.py and fovi_ref/bench/boundary.py.",
+    ]
+    return "\n".join(lines)
+
+
+BENCH_DESCRIPTION = """\
+Time forward + backward (gradients of x, weight, bias) of each contender, interleaved in rounds
+in one process, and report ratios (they hold on a noisy machine where absolute times do not).
+K = 1 layers (res18_ds2/3/4): gather_gemm against fovi's einsum, general, the Conv2d floor
+(F.conv2d 1x1 stride 2 with as many outputs) and the GEMM floor (the layer's three GEMMs plus
+zero-filling grad_x). K > 1 layers: general against fovi's einsum, time and peak memory.
+Writes OUT/bench.json, bench.csv and bench.png."""
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m fovi_ref", description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="results", help="folder for results (default: results)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    sub = p.add_subparsers(dest="command")
-    v = sub.add_parser("verify", help="every backend on every layer vs the float64 oracle")
-    v.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
-    v.add_argument("--batch", type=int, default=4)
-    v.add_argument("--layers", nargs="+", help="module paths or res18_ds* aliases (default: all)")
-    b = sub.add_parser("bench", help="forward+backward timings and memory, side by side")
-    b.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    b.add_argument(
-        "--batch",
-        type=int,
+    p = argparse.ArgumentParser(
+        prog="python -m fovi_ref", description=DESCRIPTION, formatter_class=_HelpFormatter
+    )
+    p.add_argument("--out", default="results", help="folder the result files are written to")
+    p.add_argument("--device", default="cpu", help="torch device to run on: cpu or cuda")
+    sub = p.add_subparsers(dest="command", title="subcommands", metavar="{verify,bench}")
+    v = sub.add_parser(
+        "verify",
+        help="every backend on every layer vs the float64 oracle",
+        description=VERIFY_DESCRIPTION,
+        formatter_class=_HelpFormatter,
+    )
+    v.add_argument(
+        "--dtypes",
         nargs="+",
-        default=[64, 256],
-        help="batch sizes for the K = 1 layers (default: 64 256)",
+        default=list(DTYPES),
+        choices=list(DTYPES),
+        help="dtypes to check in",
+    )
+    v.add_argument("--batch", type=int, default=4, help="batch size of the random inputs")
+    v.add_argument(
+        "--layers",
+        nargs="+",
+        help="module paths (layer2.0.conv1) or res18_ds2/3/4 aliases; all 20 layers if omitted",
+    )
+    b = sub.add_parser(
+        "bench",
+        help="forward+backward timings and memory, side by side",
+        description=BENCH_DESCRIPTION,
+        epilog=_bench_epilog(),
+        formatter_class=_HelpFormatter,
+    )
+    b.add_argument("--dtype", default="float32", choices=list(DTYPES), help="dtype of the inputs")
+    b.add_argument(
+        "--batch", type=int, nargs="+", default=[64, 256], help="batch sizes for the K = 1 layers"
     )
     b.add_argument(
         "--batch-general",
         type=int,
         default=64,
-        help="batch for K > 1 layers; the stem always uses 16 (default: 64)",
+        help="batch for the K > 1 layers (the stem, conv1, always uses 16)",
     )
-    b.add_argument("--repeats", type=int, default=15)
-    b.add_argument("--layers", nargs="+", help="module paths or res18_ds* aliases (default: all)")
+    b.add_argument(
+        "--repeats", type=int, default=15, help="timed rounds per layer (the median is kept)"
+    )
+    b.add_argument(
+        "--layers",
+        nargs="+",
+        help="module paths (layer2.0.conv1) or res18_ds2/3/4 aliases; all 20 layers if omitted",
+    )
     b.add_argument(
         "--boundary",
         action="store_true",
-        help="instead: the op boundary's fixed cost on tiny graphs, and 100 distinct graphs "
-        "against one shared graph (eager, compiled, exported)",
+        help="instead of the layers: the op boundary's fixed cost on tiny graphs, and 100 "
+        "distinct graphs against one shared graph (eager, compiled, exported)",
     )
     b.add_argument(
         "--network",
@@ -108,8 +191,12 @@ def parser() -> argparse.ArgumentParser:
         "einsum_baseline, at batch 16 and 64 (time and peak memory)",
     )
     for sp in (v, b):
-        sp.add_argument("--out", default=argparse.SUPPRESS)
-        sp.add_argument("--device", default=argparse.SUPPRESS)
+        sp.add_argument(
+            "--out", default=argparse.SUPPRESS, help="as the top-level --out (default: results)"
+        )
+        sp.add_argument(
+            "--device", default=argparse.SUPPRESS, help="as the top-level --device (default: cpu)"
+        )
     return p
 
 

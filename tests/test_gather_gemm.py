@@ -78,10 +78,12 @@ def test_dense_and_index_paths_agree(device, dtype):
     assert torch.equal(dense[:, :, -3:], torch.zeros_like(dense[:, :, -3:]))  # unused inputs
 
 
-def test_budget_is_a_size_threshold_and_forcing_restores_it():
+def test_budget_is_a_size_threshold_and_forcing_restores_it(monkeypatch):
     small = random_meta(1, 1, n_in=4, n_out=3)  # Nout*Nin = 12
     large = random_meta(1, 1, n_in=400, n_out=300)
     cpu = torch.device("cpu")
+    # A threshold between the two sizes: the measured CPU value may be 0 (index path everywhere).
+    monkeypatch.setitem(gg.DENSE_S_BUDGET, "cpu", 100)
     assert gg.uses_dense_scatter(small, cpu) and not gg.uses_dense_scatter(large, cpu)
     before = dict(gg.DENSE_S_BUDGET)
     with gg.forced_grad_input_path("dense"):

@@ -1,0 +1,35 @@
+"""``python -m fovi_ref --help``: every subcommand and option explains itself in plain text."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from fovi_ref.__main__ import parser
+
+
+def subparsers() -> dict[str, argparse.ArgumentParser]:
+    top = parser()
+    (sub,) = (a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    return {"": top, **sub.choices}
+
+
+@pytest.mark.parametrize("name", ["", "verify", "bench"])
+def test_every_option_has_help_and_shows_its_default(name):
+    p = subparsers()[name]
+    assert p.description and "``" not in p.description and ":mod:" not in p.description
+    for action in p._actions:
+        if isinstance(action, argparse._HelpAction) or not action.option_strings:
+            continue
+        assert action.help, f"{name} {action.option_strings} has no help"
+        if action.default not in (None, False):  # an option with a value to default to
+            assert "(default: " in p.format_help().split(action.option_strings[-1], 1)[1]
+
+
+def test_help_lists_the_bench_targets():
+    from fovi_ref.bench.layers import TARGETS
+
+    text = subparsers()["bench"].format_help()
+    for name, target in TARGETS.items():
+        assert name in text and str(target) in text
