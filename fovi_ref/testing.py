@@ -33,6 +33,10 @@ gradcheck      ``torch.autograd.gradcheck`` of an autograd.Function built from t
 determinism    two runs of the oracle check's calls give bitwise equal results
 =============  ========================================================================
 
+Collisions are in every random graph (two outputs read one input in one cell, and
+``crowded_k2_v4`` puts 20 outputs on 8 inputs): their gradients must add up, which the oracle
+and cancellation checks judge.
+
 Usable from pytest: ``assert report.ok, report``.
 """
 

@@ -32,6 +32,16 @@ STYLES = ("normal", "wide", "tiny", "integers")
 FUSED_BIAS_BACKENDS = ("general", "gather_gemm")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These tensors are tiny: a second thread only adds overhead (on a busy 2-core machine,
+    check_ops on the random graphs took 10 s of CPU with two threads against 0.9 s with one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _k1_v1_only(backend: str) -> bool:
     """gather_gemm serves K = V = 1 graphs only (its supports())."""
     supports = getattr(get_ops(backend), "supports", None)

@@ -36,6 +36,16 @@ BACKENDS = ("einsum_baseline", "general", "gather_gemm")
 FUSED_BIAS_BACKENDS = ("general", "gather_gemm")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These tensors are tiny: a second thread only adds overhead (on a busy 2-core machine,
+    check_ops on the random graphs took 10 s of CPU with two threads against 0.9 s with one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def one_to_one_meta(n: int = 1) -> KNNMeta:
     """K = V = 1, Cin = 1: output j reads input j."""
     knn = torch.arange(n)[None]  # [1, n]
