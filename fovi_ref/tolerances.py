@@ -112,8 +112,8 @@ added twice, a gradient sent to the wrong input: each changes some element by ab
 In float64 (``u = 1.1e-16``) that catches any such bug up to ``N ~ 1e7`` terms per element; in
 float32 up to ``N ~ 4000`` (res18's longest ``y`` sum has 2305 terms). In float16/bfloat16 the
 bound is ``~ (u + N u32) M``: single-term errors are caught on small graphs only, and what this
-rule guards there is *precision* (accumulating in the storage dtype, rounding the bias twice),
-while indexing is judged in float64. :class:`Verdict` reports the worst element's
+rule guards there is *precision* (accumulating in the storage dtype; under
+``bias_rounding="fused"``, rounding the bias twice), while indexing is judged in float64. :class:`Verdict` reports the worst element's
 ``error / bound`` so one can see how much room a check left.
 
 **Non-finite values.** An inf or nan in the inputs must reach exactly the outputs the oracle says:
@@ -123,7 +123,9 @@ are judged by the bound. A finite ``ref`` may come back non-finite only where it
 correct implementation overflows, and above it a stored partial sum may (``inf - inf`` is then
 nan). Non-finite *upstream gradients* and *weights* are outside this promise: every GEMM over
 cells multiplies them by the zeros of cells a node does not use (``0 * inf``), which the
-formula has no term for.
+formula has no term for. For an inf in ``x`` the same happens inside fovi's one-hot einsum
+(``einsum_baseline``): the inf meets the zeros of its one-hot row and turns every other cell of
+its channel into nan, so that backend's ``grad_weight`` fails this check where ``V > 1``.
 
 **The baseline**, ``einsum_baseline`` (fovi's path) run in the same dtype, is judged by the same
 rule and its worst ratio is *reported* beside the backend's, not used for pass/fail: it shows
