@@ -113,8 +113,9 @@ In float64 (``u = 1.1e-16``) that catches any such bug up to ``N ~ 1e7`` terms p
 float32 up to ``N ~ 4000`` (res18's longest ``y`` sum has 2305 terms). In float16/bfloat16 the
 bound is ``~ (u + N u32) M``: single-term errors are caught on small graphs only, and what this
 rule guards there is *precision* (accumulating in the storage dtype; under
-``bias_rounding="fused"``, rounding the bias twice), while indexing is judged in float64. :class:`Verdict` reports the worst element's
-``error / bound`` so one can see how much room a check left.
+``bias_rounding="fused"``, rounding the bias twice), while indexing is judged in float64.
+:class:`Verdict` reports the worst element's ``error / bound`` so one can see how much room a
+check left.
 
 **Non-finite values.** An inf or nan in the inputs must reach exactly the outputs the oracle says:
 the masks of non-finite elements must be equal (inf and nan are not told apart); finite elements
