@@ -6,7 +6,7 @@ TORCH_INDEX ?=
 # JupyterLab refuses to start as root (in a container, say) without --allow-root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: venv test notebooks lab render lint format bench verify
+.PHONY: venv test notebooks lab render lint format bench verify properties mutations
 
 venv:            ## .venv with the pinned torch and the dev tools
 	python3.11 -m venv .venv
@@ -30,6 +30,12 @@ lab:             ## JupyterLab on 127.0.0.1 for the notebooks (open the URL it p
 
 render:          ## screenshots of the notebooks in JupyterLab, in results/render/ (needs chromium)
 	$(PY) scripts/render_notebooks.py
+
+properties:      ## the property tests with many random examples (the default run takes a few)
+	HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/test_properties.py -q
+
+mutations:       ## plant known bugs in a backend and show which checks catch them
+	$(PY) scripts/mutation_check.py
 
 lint:
 	$(PY) -m ruff check fovi_ref tests notebooks scripts

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from fovi_ref import KNNMeta
+
+# Hypothesis profiles for tests/test_properties.py: by default a few derandomized examples per
+# test (fast, the same every run); HYPOTHESIS_PROFILE=long (make properties): many random ones.
+_PROFILE = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("fovi_ref", max_examples=15, derandomize=True, **_PROFILE)
+settings.register_profile("long", max_examples=400, **_PROFILE)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fovi_ref"))
 
 
 @pytest.fixture(autouse=True)

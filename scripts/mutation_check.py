@@ -1,0 +1,278 @@
+"""Plant known bugs in a backend and show that the checks catch every one of them.
+
+    python scripts/mutation_check.py [--backend general|gather_gemm|einsum_baseline|all]
+                                     [--no-properties] [--graphs random layer4.1.conv1 ...]
+
+Each mutation wraps a registered backend at the ops level (its ``forward``, ``grad_input`` and
+``grad_weight`` are called with a doctored graph, or their results are doctored), so it works
+whatever the backend's internals are. Each mutant then runs through
+
+- :func:`fovi_ref.testing.check_ops` on random and res18 graphs in four dtypes; a check *catches*
+  the mutation when it fails for the mutant and passes for the clean backend on the same graph,
+  dtype and quantity (so a failure the clean backend already has does not count);
+- the property tests of tests/test_properties.py, with the mutant registered as a backend.
+
+The table says, for every mutation, whether it was caught and by which checks. The script exits
+non-zero if a mutation that applies to the backend went uncaught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from fovi_ref import KNNMeta, get_ops, register_ops, unregister_ops
+from fovi_ref.testing import CHECKS, check_ops
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST_GRAPHS = ("random", "layer4.0.downsample.0", "layer4.1.conv1")
+CHECK_ORDER = list(CHECKS)
+
+
+# ------------------------------------------------------------------------ doctored graphs
+def _rebuild(meta: KNNMeta, knn: torch.Tensor, rf_index: torch.Tensor) -> KNNMeta:
+    return KNNMeta.from_knn(knn, rf_index, n_in=meta.n_in, in_channels=meta.in_channels, v=meta.v)
+
+
+def _busiest_entry(meta: KNNMeta) -> tuple[int, int]:
+    """``(k, n)`` of the first real neighbour of the node with the most real neighbours."""
+    real = ~meta.pad_mask  # [K, Nout]
+    node = int(real.sum(dim=0).argmax())
+    return int(real[:, node].nonzero()[0]), node
+
+
+def wrong_cell(meta: KNNMeta) -> KNNMeta | None:
+    """One node's neighbour is read through the next cell."""
+    if meta.v == 1 or not bool((~meta.pad_mask).any()):
+        return None
+    k, n = _busiest_entry(meta)
+    rf_index = meta.rf_index.clone()
+    rf_index[n, k] = (rf_index[n, k] + 1) % meta.v
+    return _rebuild(meta, meta.knn, rf_index)
+
+
+def dropped_neighbour(meta: KNNMeta) -> KNNMeta | None:
+    """One node loses a real neighbour."""
+    if not bool((~meta.pad_mask).any()):
+        return None
+    k, n = _busiest_entry(meta)
+    knn = meta.knn.clone()
+    knn[k, n] = meta.n_in
+    return _rebuild(meta, knn, meta.rf_index)
+
+
+def padding_reads_input_0(meta: KNNMeta) -> KNNMeta | None:
+    """Padding neighbours read input 0 instead of contributing nothing."""
+    if not meta.has_padding:
+        return None
+    return _rebuild(meta, meta.knn.masked_fill(meta.pad_mask, 0), meta.rf_index)
+
+
+def moved_entry(meta: KNNMeta) -> KNNMeta | None:
+    """One neighbour entry points at the next input (used for the gradient only)."""
+    if meta.n_in < 2 or not bool((~meta.pad_mask).any()):
+        return None
+    k, n = _busiest_entry(meta)
+    knn = meta.knn.clone()
+    knn[k, n] = (knn[k, n] + 1) % meta.n_in
+    return _rebuild(meta, knn, meta.rf_index)
+
+
+def only_slot(meta: KNNMeta, k: int) -> KNNMeta:
+    """The graph with every neighbour slot but ``k`` turned into padding."""
+    keep = torch.zeros_like(meta.pad_mask)
+    keep[k] = True
+    return _rebuild(meta, meta.knn.masked_fill(~keep, meta.n_in), meta.rf_index)
+
+
+# ------------------------------------------------------------------------------- mutants
+class Mutant:
+    """A backend with one planted bug; ``applied`` says whether any call was changed by it."""
+
+    def __init__(self, inner, kind: str, description: str):
+        self.inner, self.kind, self.description = inner, kind, description
+        self.name = f"mutant_{kind}"
+        self.applied = False
+        self._metas: dict[tuple[int, str], tuple[KNNMeta, KNNMeta | None]] = {}
+        if hasattr(inner, "supports"):
+            self.supports = inner.supports
+
+    def _doctored(self, meta: KNNMeta, how: Callable[[KNNMeta], KNNMeta | None]) -> KNNMeta:
+        """``how(meta)`` (cached; the entry holds ``meta`` so its id is not reused), or
+        ``meta`` itself where the mutation does not apply to this graph."""
+        key = (id(meta), how.__name__)
+        if key not in self._metas:
+            self._metas[key] = (meta, how(meta))
+        doctored = self._metas[key][1]
+        if doctored is None:
+            return meta
+        self.applied = True
+        return doctored
+
+    # The graph-level bugs reach all three functions, so forward and backward agree with each
+    # other (gradcheck cannot see them) and only the oracle can.
+    def _graph(self, meta: KNNMeta) -> KNNMeta:
+        graph_bugs = {
+            "wrong_cell": wrong_cell,
+            "dropped_neighbour": dropped_neighbour,
+            "padding_reads_input_0": padding_reads_input_0,
+        }
+        how = graph_bugs.get(self.kind)
+        return meta if how is None else self._doctored(meta, how)
+
+    def forward(self, meta, x, weight, bias):
+        if self.kind == "accumulate_in_dtype" and meta.k > 1:
+            self.applied = True
+            y = self.inner.forward(only_slot(meta, 0), x, weight, bias)
+            for k in range(1, meta.k):  # each slot's partial result added in the storage dtype
+                y = y + self.inner.forward(only_slot(meta, k), x, weight, None)
+            return y
+        y = self.inner.forward(self._graph(meta), x, weight, bias)
+        if self.kind == "bias_twice" and bias is not None:
+            self.applied = True
+            y = y + bias[:, None]
+        return y
+
+    def grad_input(self, meta, grad_y, weight):
+        if self.kind == "gradient_moved":
+            return self.inner.grad_input(self._doctored(meta, moved_entry), grad_y, weight)
+        grad_x = self.inner.grad_input(self._graph(meta), grad_y, weight)
+        if self.kind == "grad_x_rolled":
+            self.applied = True
+            grad_x = grad_x.roll(1, dims=2)
+        return grad_x
+
+    def grad_weight(self, meta, grad_y, x):
+        return self.inner.grad_weight(self._graph(meta), grad_y, x)
+
+
+MUTATIONS = {
+    "wrong_cell": "one node reads a neighbour through the wrong cell",
+    "dropped_neighbour": "one node loses a real neighbour",
+    "padding_reads_input_0": "padding neighbours read input 0",
+    "bias_twice": "the bias is added twice",
+    "grad_x_rolled": "grad_x rolled by one input",
+    "gradient_moved": "one entry's gradient goes to the next input",
+    "accumulate_in_dtype": "y sums its K slots in the storage dtype",
+}
+
+
+# ------------------------------------------------------------------------------ checking
+def _failing(report) -> set[tuple[str, str, str, str]]:
+    return {(r.graph, r.dtype, r.check, r.quantity) for r in report.failures}
+
+
+def run_properties(mutant: Mutant) -> tuple[set[str], int]:
+    """Run tests/test_properties.py on the registered mutant: ``(failed test names, ran)``."""
+    import pytest
+
+    class Collect:
+        def __init__(self):
+            self.failed, self.ran = set(), 0
+
+        def pytest_runtest_logreport(self, report):
+            if report.when == "call":
+                self.ran += 1
+                if report.failed:
+                    self.failed.add(report.nodeid.split("::")[1])  # test_name[params]
+
+    collect = Collect()
+    # The test module reads the registry when it is collected: import it afresh for each mutant.
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", "") or "").startswith(str(ROOT / "tests")):
+            del sys.modules[name]
+    args = [
+        str(ROOT / "tests" / "test_properties.py"),
+        "-q",
+        "-k",
+        mutant.name,
+        "-p",
+        "no:cacheprovider",
+    ]
+    args += ["--no-header", "-o", "addopts=", "--tb=no", "--capture=sys", "-W", "ignore"]
+    with contextlib.redirect_stdout(io.StringIO()):  # the table below says what matters
+        pytest.main(args, plugins=[collect])
+    return collect.failed, collect.ran
+
+
+def check_backend(backend: str, graphs, properties: bool) -> list[dict]:
+    inner = get_ops(backend)
+    clean = _failing(check_ops(inner, graphs=graphs))
+    rows = []
+    for kind, description in MUTATIONS.items():
+        mutant = Mutant(inner, kind, description)
+        failing = _failing(check_ops(mutant, graphs=graphs)) - clean
+        by = sorted({f"{check}:{quantity}" for _, _, check, quantity in failing})
+        dtypes = sorted({dtype for _, dtype, _, _ in failing})
+        prop_failed, prop_ran = set(), 0
+        if properties and mutant.applied:
+            register_ops(mutant)
+            try:
+                prop_failed, prop_ran = run_properties(mutant)
+            finally:
+                unregister_ops(mutant.name)
+        rows.append(
+            dict(
+                backend=backend,
+                mutation=kind,
+                description=description,
+                applied=mutant.applied,
+                caught=bool(failing) or bool(prop_failed),
+                by=by,
+                dtypes=dtypes,
+                properties=sorted(prop_failed),
+                properties_ran=prop_ran,
+            )
+        )
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    """Mutation, caught, and which checks (and quantities, dtypes) caught it."""
+    print(f"{'backend':<16}{'mutation':<23}{'caught':<8}by")
+    for r in rows:
+        caught = "n/a" if not r["applied"] else ("yes" if r["caught"] else "NO")
+        checks = sorted({b.split(":")[0] for b in r["by"]}, key=CHECK_ORDER.index)
+        quantities = sorted({b.split(":")[1] for b in r["by"]} - {"all"})
+        lines = [f"check_ops: {', '.join(checks) or '-'}"]
+        if quantities:
+            lines.append(f"  on {', '.join(quantities)}")
+        if r["dtypes"]:
+            lines.append(f"  in {', '.join(r['dtypes'])}")
+        if r["properties_ran"]:
+            names = sorted({p.split("[")[0] for p in r["properties"]})
+            lines.append(f"properties: {len(r['properties'])} of {r['properties_ran']} failed")
+            lines += [f"  {name}" for name in names]
+        print(f"{r['backend']:<16}{r['mutation']:<23}{caught:<8}{lines[0]}")
+        for line in lines[1:]:
+            print(f"{'':<47}{line}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="general", help="a backend name, or 'all'")
+    parser.add_argument("--graphs", nargs="*", default=list(FAST_GRAPHS))
+    parser.add_argument("--no-properties", action="store_true", help="check_ops only")
+    args = parser.parse_args(argv)
+    backends = (
+        ["general", "gather_gemm", "einsum_baseline"] if args.backend == "all" else [args.backend]
+    )
+    rows = []
+    for backend in backends:
+        rows += check_backend(backend, args.graphs, not args.no_properties)
+    print()
+    print_table(rows)
+    missed = [r for r in rows if r["applied"] and not r["caught"]]
+    print(f"\n{sum(r['caught'] for r in rows)} caught, {len(missed)} missed, "
+          f"{sum(not r['applied'] for r in rows)} not applicable")  # fmt: skip
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""verify_meta: every backend judged elementwise, with the baseline's figure reported."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fovi_ref import get_ops, register_ops, unregister_ops
+from fovi_ref.geometry import get_layer
+from fovi_ref.verify import BASELINE, verify_meta
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These tensors are tiny: a second thread only adds overhead (on a busy 2-core machine,
+    check_ops on the random graphs took 10 s of CPU with two threads against 0.9 s with one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_verify_meta_judges_every_backend_and_reports_the_baseline():
+    layer = get_layer("layer4.0.downsample.0")
+    checks = verify_meta(layer.name, layer.meta, layer.out_channels, batch=2)
+    assert {c.backend for c in checks} == {"general", "gather_gemm", "einsum_baseline"}
+    assert {c.quantity for c in checks} == {"y", "grad_x", "grad_weight", "grad_bias"}
+    assert all(c.verdict.ok for c in checks), [str(c.verdict) for c in checks if not c.verdict.ok]
+    for c in checks:
+        assert c.verdict.baseline_ratio is not None  # the second, reported figure
+        assert c.verdict.error == c.verdict.ratio and c.verdict.bound == 1.0
+        if c.backend == BASELINE:
+            assert c.verdict.baseline_ratio == c.verdict.ratio
+
+
+class BiasTwice:
+    """general with the bias added twice."""
+
+    name = "bias_twice"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        return get_ops("general").forward(meta, x, weight, bias) + bias[:, None]
+
+    @staticmethod
+    def grad_input(meta, grad_y, weight):
+        return get_ops("general").grad_input(meta, grad_y, weight)
+
+    @staticmethod
+    def grad_weight(meta, grad_y, x):
+        return get_ops("general").grad_weight(meta, grad_y, x)
+
+
+def test_verify_meta_fails_a_wrong_backend_in_every_dtype():
+    layer = get_layer("layer4.1.conv1")
+    register_ops(BiasTwice)
+    try:
+        checks = verify_meta(layer.name, layer.meta, layer.out_channels, batch=2)
+    finally:
+        unregister_ops("bias_twice")
+    bad = {
+        (str(c.dtype), c.quantity) for c in checks if c.backend == "bias_twice" and not c.verdict.ok
+    }
+    assert bad == {(str(d), "y") for d in (torch.float32, torch.float16, torch.bfloat16)}
