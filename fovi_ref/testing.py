@@ -487,7 +487,7 @@ def check_ops(
     dtypes: Sequence[torch.dtype] = DTYPES,
     device: torch.device | str = "cpu",
     all_padding: AllPadding = "bias",
-    bias_rounding: BiasRounding = "separate",
+    bias_rounding: BiasRounding = "fused",
     batch: int = 3,
     seed: int = 0,
     checks: Sequence[str] = CHECKS,

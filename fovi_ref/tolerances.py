@@ -71,17 +71,16 @@ kinds of error:
     A term meeting ``h`` such roundings is off by at most ``gamma_h(u) |t|``: together
     ``gamma_h(u) * S``;
 
-(d) *the bias, added after the GEMM* (``bias_rounding="separate"``, the default). An
-    implementation may store the GEMM's result and add the bias in a second pass,
-    ``fl(fl(W x) + b)``: one more store of every term but the bias (``h`` grows by one, ``S``
-    covers all of them). ``F.linear`` adds the bias inside its float32 GEMM for a 2-D or a
-    contiguous 3-D input, but for any other input it runs ``matmul`` and then ``add_``. fovi's
-    path, as ``einsum_baseline`` reproduces it, hands ``F.linear`` a non-contiguous view and so
-    rounds twice; ``general`` and ``gather_gemm`` add the bias after their GEMM today. Measured
-    with :func:`~fovi_ref.verify.verify_meta` on res18's layer2.0.downsample.0 (batch 4, seed 0),
-    all three use 3.3 times the fused bound in float16 and 33 times in bfloat16, and 0.6 of this
-    one. ``bias_rounding="fused"`` drops the allowance and demands one rounding of ``W x + b``:
-    the target of a backend that adds the bias inside its GEMM;
+(d) *the bias, added after the GEMM* (``bias_rounding="separate"``). An implementation may
+    store the GEMM's result and add the bias in a second pass, ``fl(fl(W x) + b)``: one more
+    store of every term but the bias (``h`` grows by one, ``S`` covers all of them).
+    ``F.linear`` adds the bias inside its float32 GEMM for a 2-D or a contiguous 3-D input, but
+    for any other input it runs ``matmul`` and then ``add_``. Every fovi_ref backend adds the bias
+    inside its GEMM (``torch.addmm``; ``einsum_baseline`` hands ``F.linear`` contiguous features,
+    as fovi 2.4.0 does), so the default, ``bias_rounding="fused"``, demands one rounding of
+    ``W x + b``; ``"separate"`` is the allowance for judging an implementation that rounds twice
+    (measured on res18's layer2.0.downsample.0, batch 4, seed 0: double rounding uses 3.3 times
+    the fused bound in float16 and 33 times in bfloat16);
 
 (e) *underflow in a store*: ``|e| <= eta`` each. A sum of float16 (bfloat16) numbers that lands in
     the subnormal range is exact (all are multiples of the smallest subnormal), so only stored
@@ -236,7 +235,7 @@ def expected_quantities(
     grad_y: torch.Tensor,
     *,
     all_padding: AllPadding = "bias",
-    bias_rounding: BiasRounding = "separate",
+    bias_rounding: BiasRounding = "fused",
 ) -> dict[str, Expected]:
     """:class:`Expected` for ``y`` and the three gradients (no ``grad_bias`` without a bias).
 

@@ -99,7 +99,7 @@ def verify_meta(
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16),
     batch: int = 4,
     seed: int = 0,
-    bias_rounding: BiasRounding = "separate",
+    bias_rounding: BiasRounding = "fused",
 ) -> list[Check]:
     """Forward and the three gradients of every accepting backend, in every dtype, each judged
     elementwise against the float64 oracle; the baseline's ratio rides along in each verdict.

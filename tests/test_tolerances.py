@@ -197,7 +197,7 @@ def test_k1_v1_bias_cancellation(dtype):
                ((CANCEL_X, (1, 1, 1)), (CANCEL_W, (1, 1)), (CANCEL_B, (1,))))  # fmt: skip
     gy = torch.ones(1, 1, 1, dtype=dtype)
     fused = expected_quantities(x, w, b, meta, gy, bias_rounding="fused")["y"]
-    separate = expected_quantities(x, w, b, meta, gy)["y"]
+    separate = expected_quantities(x, w, b, meta, gy, bias_rounding="separate")["y"]
     once = fused.value.to(dtype)  # exact x w + b, rounded once
     twice = x * w + b[:, None]  # x w rounded, then the bias added and rounded again
     einsum = get_ops("einsum_baseline").forward(meta, x, w, b)
