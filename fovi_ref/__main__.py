@@ -11,61 +11,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
-import torch
-
+from fovi_ref import verify
 from fovi_ref.bench import boundary, layers, network
-from fovi_ref.bench.layers import DTYPES, layer_names, progress
-from fovi_ref.geometry import get_layer
-from fovi_ref.knn_autograd import route
-from fovi_ref.verify import verify_meta
-
-
-# ----------------------------------------------------------------------------------- verify
-def run_verify(args: argparse.Namespace) -> bool:
-    device = torch.device(args.device)
-    dtypes = tuple(DTYPES[d] for d in args.dtypes)
-    names = layer_names(args.layers)
-    rows, failures = [], 0
-    for i, name in enumerate(names, 1):
-        progress(i, len(names), f"verify {name}")
-        layer = get_layer(name)
-        checks = verify_meta(
-            name, layer.meta.to(device), layer.out_channels, dtypes=dtypes, batch=args.batch
-        )
-        for backend in dict.fromkeys(c.backend for c in checks):
-            row = {"layer": name, "route": route(layer.meta), "backend": backend}
-            for dtype in dtypes:
-                mine = [c for c in checks if c.backend == backend and c.dtype == dtype]
-                worst = max(mine, key=lambda c: c.verdict.error / c.verdict.bound)
-                ok = all(c.verdict.ok for c in mine)
-                failures += not ok
-                row[str(dtype)[6:]] = {
-                    "ok": ok,
-                    "worst": worst.quantity,
-                    "error": worst.verdict.error,
-                    "bound": worst.verdict.bound,
-                }
-            rows.append(row)
-    print(f"\nverify on {device}, batch {args.batch}: forward and grad x/weight/bias vs float64")
-    print("cell: PASS/FAIL, then the worst quantity's error as a fraction of its bound\n")
-    header = f"{'layer':<24}{'route':<13}{'backend':<17}" + "".join(f"{d:<16}" for d in args.dtypes)
-    print(header)
-    for row in rows:
-        cells = ""
-        for d in args.dtypes:
-            r = row[d]
-            cells += f"{'PASS' if r['ok'] else 'FAIL'} {r['error'] / r['bound']:<11.2f}"
-        print(f"{row['layer']:<24}{row['route']:<13}{row['backend']:<17}{cells}")
-    total = len(rows) * len(dtypes)
-    print(f"\n{total - failures} passed, {failures} failed")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "verify.json").write_text(json.dumps(rows, indent=1))
-    return failures == 0
+from fovi_ref.jobs import DTYPES
 
 
 # -------------------------------------------------------------------------------------- CLI
@@ -98,11 +48,12 @@ check passes, a short bench (float32, batch 64, 5 rounds). Results go to the --o
 VERIFY_DESCRIPTION = """\
 Run forward and the gradients of x, weight and bias through every backend that accepts each
 layer's graph, in each dtype, and compare them with the float64 oracle run on the same rounded
-inputs (fovi_ref.reference). Each check passes when its relative error
-max|value - ref| / max|ref| is within the bound of fovi_ref/tolerances.py for that dtype.
+inputs (fovi_ref.reference), element by element: |value - ref| <= bound, the bound of the
+error analysis of a sum of products (fovi_ref/tolerances.py), which holds under cancellation.
 
 Table: one row per layer and backend; per dtype a cell "PASS 0.35" gives the verdict of the
-worst of the four quantities and its error as a fraction of its bound (below 1 passes).
+worst of the four quantities and its worst element's error as a fraction of its bound (at most
+1 passes).
 Writes OUT/verify.json. Exits 1 if any check fails, else 0."""
 
 
@@ -206,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         defaults = parser().parse_args(["verify"])
         for key, value in vars(defaults).items():
             args.__dict__.setdefault(key, value)
-        ok = run_verify(args)
+        ok = verify.run(args)
         if args.command == "verify" or not ok:
             return 0 if ok else 1
         # The bare command: a short bench after a passing verify.

@@ -9,10 +9,14 @@ by the same rule and its worst ratio is reported beside every verdict (not judge
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from fovi_ref.geometry import get_layer
+from fovi_ref.jobs import DTYPES, layer_names, progress
 from fovi_ref.knn_autograd import available_ops, get_ops, knn_conv, route
 from fovi_ref.meta import KNNMeta
 from fovi_ref.reference import AllPadding, knn_conv_reference
@@ -24,7 +28,15 @@ from fovi_ref.tolerances import (
     judge_elementwise,
 )
 
-__all__ = ["BASELINE", "QUANTITIES", "Check", "backends_for", "forward_and_grads", "verify_meta"]
+__all__ = [
+    "BASELINE",
+    "QUANTITIES",
+    "Check",
+    "backends_for",
+    "forward_and_grads",
+    "run",
+    "verify_meta",
+]
 
 BASELINE = "einsum_baseline"
 
@@ -118,3 +130,49 @@ def verify_meta(
                 verdict = judge_elementwise(value, expected[quantity], dtype=dtype, baseline=base)
                 checks.append(Check(layer, backend, route(meta), dtype, quantity, verdict))
     return checks
+
+
+def run(args) -> bool:
+    """``python -m fovi_ref verify``: :func:`verify_meta` on every requested res18 layer, the
+    table on stdout, ``verify.json`` in ``args.out``; True when every check passed. ``args``
+    carries ``device``, ``dtypes``, ``layers``, ``batch`` and ``out``."""
+    device = torch.device(args.device)
+    dtypes = tuple(DTYPES[d] for d in args.dtypes)
+    names = layer_names(args.layers)
+    rows, failures = [], 0
+    for i, name in enumerate(names, 1):
+        progress(i, len(names), f"verify {name}")
+        layer = get_layer(name)
+        checks = verify_meta(
+            name, layer.meta.to(device), layer.out_channels, dtypes=dtypes, batch=args.batch
+        )
+        for backend in dict.fromkeys(c.backend for c in checks):
+            row = {"layer": name, "route": route(layer.meta), "backend": backend}
+            for dtype in dtypes:
+                mine = [c for c in checks if c.backend == backend and c.dtype == dtype]
+                worst = max(mine, key=lambda c: c.verdict.error / c.verdict.bound)
+                ok = all(c.verdict.ok for c in mine)
+                failures += not ok
+                row[str(dtype)[6:]] = {
+                    "ok": ok,
+                    "worst": worst.quantity,
+                    "error": worst.verdict.error,
+                    "bound": worst.verdict.bound,
+                }
+            rows.append(row)
+    print(f"\nverify on {device}, batch {args.batch}: forward and grad x/weight/bias vs float64")
+    print("cell: PASS/FAIL, then the worst quantity's error as a fraction of its bound\n")
+    header = f"{'layer':<24}{'route':<13}{'backend':<17}" + "".join(f"{d:<16}" for d in args.dtypes)
+    print(header)
+    for row in rows:
+        cells = ""
+        for d in args.dtypes:
+            r = row[d]
+            cells += f"{'PASS' if r['ok'] else 'FAIL'} {r['error'] / r['bound']:<11.2f}"
+        print(f"{row['layer']:<24}{row['route']:<13}{row['backend']:<17}{cells}")
+    total = len(rows) * len(dtypes)
+    print(f"\n{total - failures} passed, {failures} failed")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verify.json").write_text(json.dumps(rows, indent=1))
+    return failures == 0

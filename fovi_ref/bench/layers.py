@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from fovi_ref.bench import measure
-from fovi_ref.geometry import RES18_DOWNSAMPLES, get_layer, resnet18_layers
+from fovi_ref.geometry import RES18_DOWNSAMPLES, get_layer
+from fovi_ref.jobs import DTYPES, layer_names, progress
 from fovi_ref.knn_autograd import route
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # Targets of the bench, as ratios measured side by side (issue "Main job and benchmarks").
 TARGETS = {
@@ -36,18 +34,6 @@ TARGETS = {
     "general / einsum time": 0.6,
     "general / einsum peak memory": 1.0,
 }
-
-
-def progress(step: int, total: int, what: str) -> None:
-    """One overwriting status line on stderr."""
-    print(f"\r[{step}/{total}] {what:<60}", end="" if step < total else "\n", file=sys.stderr)
-
-
-def layer_names(requested: list[str] | None) -> list[str]:
-    """Module paths for ``--layers`` (paths or res18 aliases); all 20 when none are given."""
-    if not requested:
-        return list(resnet18_layers())
-    return [get_layer(name).name for name in requested]
 
 
 def bench_downsamples(args, device, dtype, names) -> list[dict]:

@@ -1,0 +1,26 @@
+"""What the two halves of the main job (``verify`` and ``bench``) share: dtypes by name, the
+res18 layers a ``--layers`` list names, and a progress line."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from fovi_ref.geometry import get_layer, resnet18_layers
+
+__all__ = ["DTYPES", "layer_names", "progress"]
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def progress(step: int, total: int, what: str) -> None:
+    """One overwriting status line on stderr."""
+    print(f"\r[{step}/{total}] {what:<60}", end="" if step < total else "\n", file=sys.stderr)
+
+
+def layer_names(requested: list[str] | None) -> list[str]:
+    """Module paths for ``--layers`` (paths or res18 aliases); all 20 when none are given."""
+    if not requested:
+        return list(resnet18_layers())
+    return [get_layer(name).name for name in requested]
