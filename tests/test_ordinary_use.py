@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from conftest import random_meta
 from torch import nn
 
-from fovi_ref import KNNConv, available_ops, get_ops, route
+from fovi_ref import KNNConv, available_ops, get_ops, knn_conv, route
 
 
 def small_model(seed=0, depth=3):
@@ -236,3 +236,25 @@ def test_einsum_baseline_chain_is_bit_identical_to_fovis_way_in_float64():
     theirs = fovi_way(torch.relu(norm(fovi_way(x, first))), second)
     assert first(x).stride() == fovi_way(x, first).stride()  # the same transposed view
     assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("backend", available_ops())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_results_do_not_depend_on_the_thread_count(backend, dtype):
+    """The README promises bitwise equal results with 1 and 2 CPU threads (what CI has)."""
+    k, v = (1, 1) if backend == "gather_gemm" else (9, 9)
+    meta = random_meta(k, v, n_in=300, n_out=200, in_channels=32, seed=3)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 32, 300, generator=g, dtype=dtype, requires_grad=True)
+    w = (0.1 * torch.randn(64, 32 * v, generator=g, dtype=dtype)).requires_grad_()
+    b = torch.randn(64, generator=g, dtype=dtype, requires_grad=True)
+    grad_y = torch.randn(16, 64, 200, generator=g, dtype=dtype)
+    threads, runs = torch.get_num_threads(), []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            y = knn_conv(x, w, b, meta, backend=backend)
+            runs.append([y, *torch.autograd.grad(y, (x, w, b), grad_y)])
+    finally:
+        torch.set_num_threads(threads)
+    assert_all_equal(*runs)
