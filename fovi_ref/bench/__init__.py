@@ -5,6 +5,8 @@
 - :mod:`fovi_ref.bench.layers`: ``python -m fovi_ref bench``, the res18 layers, targets, tables.
 - :mod:`fovi_ref.bench.boundary`: ``python -m fovi_ref bench --boundary``, the fixed cost of the
   op boundary and of having many distinct graphs.
+- :mod:`fovi_ref.bench.network`: ``python -m fovi_ref bench --network resnet18``, the whole trunk.
+- :mod:`fovi_ref.bench.budget`: the dense-``S`` budget derived from a measured sweep.
 """
 
 from fovi_ref.bench.measure import (
