@@ -10,7 +10,7 @@ from conftest import DEVICES, random_meta, sample_inputs
 from fovi_ref import KNNConv, available_ops, derive_for, get_ops, knn_conv, prepare, route
 from fovi_ref.knn_autograd import _grad_input_op, _grad_weight_op, _knn_conv_op
 from fovi_ref.knn_gather_gemm import forced_grad_input_path
-from fovi_ref.reference import knn_conv_reference
+from fovi_ref.tolerances import expected_quantities, judge_elementwise
 
 # The K=1 graph runs once with each grad_input path of gather_gemm (dense S and index).
 GRAPHS = [(1, 1, "dense"), (1, 1, "index"), (9, 9, None)]
@@ -166,5 +166,7 @@ def test_eager_and_op_doors_agree_bitwise():
         eager = knn_conv(x, w, b, meta)
         via_op = _knn_conv_op(x, w, b, *graph)
         assert torch.equal(eager, via_op) and eager.stride() == via_op.stride()
-        ref = knn_conv_reference(x, w, b, meta)
-        torch.testing.assert_close(eager.double(), ref, rtol=1e-5, atol=1e-5)
+        grad_y = torch.ones_like(eager)  # y is judged; the gradients' oracle is not used
+        expected = expected_quantities(x, w, b, meta, grad_y)["y"]
+        verdict = judge_elementwise(eager, expected)
+        assert verdict.ok, str(verdict)
