@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from fovi_ref import verify
-from fovi_ref.bench import boundary, layers, network
+from fovi_ref.bench import boundary, fovi, layers, network
 from fovi_ref.jobs import DTYPES
 
 
@@ -71,7 +71,9 @@ def _bench_epilog() -> str:
         "with --boundary:",
         f"  {'knn_conv / plain torch, K = 1':<30} <= {boundary.BOUNDARY_TARGET}",
         f"  {'100 distinct / shared graphs':<30} <= {boundary.SCALE_TARGET}",
-        "Definitions: fovi_ref/bench/layers.py and fovi_ref/bench/boundary.py.",
+        "with --fovi:",
+        f"  {'fovi_ref / best fovi':<30} <= {fovi.TARGET}",
+        "Definitions: fovi_ref/bench/layers.py, boundary.py and fovi.py.",
     ]
     return "\n".join(lines)
 
@@ -150,6 +152,13 @@ def parser() -> argparse.ArgumentParser:
         "distinct graphs against one shared graph (eager, compiled, exported)",
     )
     b.add_argument(
+        "--fovi",
+        action="store_true",
+        help="instead: fovi 2.4.0's own backends (its dispatcher's choice and each training "
+        "backend) beside fovi_ref's routed one on every layer at --batch-general (stem 16); "
+        f"target fovi_ref / best fovi <= {fovi.TARGET}; writes OUT/bench_fovi.json",
+    )
+    b.add_argument(
         "--network",
         choices=["resnet18"],
         help="instead: the whole fovi-resnet18 trunk, routed backends against every conv on "
@@ -181,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         # The bare command: a short bench after a passing verify.
         args.batch, args.batch_general, args.repeats, args.layers = [64], 64, 5, None
         args.dtype = "float32"
+    if getattr(args, "fovi", False):
+        return fovi.run(args)
     if getattr(args, "boundary", False):
         boundary.run()
     elif getattr(args, "network", None):
