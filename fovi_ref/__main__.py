@@ -2,6 +2,7 @@
 
     python -m fovi_ref                 # verify, then a short bench
     python -m fovi_ref verify [--device cuda] [--layers res18_ds2 layer1.0.conv1 ...]
+    python -m fovi_ref verify --fovi   # fovi 2.4.0's own backends, judged by the same rule
     python -m fovi_ref bench  [--device cuda] [--dtype bfloat16] [--batch 64 256] [--repeats 15]
 
 ``verify`` exits non-zero if any check fails. Results go to ``results/`` (git-ignored):
@@ -14,7 +15,7 @@ import argparse
 import sys
 
 from fovi_ref import verify
-from fovi_ref.bench import boundary, layers, network
+from fovi_ref.bench import boundary, fovi, layers, network
 from fovi_ref.jobs import DTYPES
 
 
@@ -54,7 +55,13 @@ error analysis of a sum of products (fovi_ref/tolerances.py), which holds under 
 Table: one row per layer and backend; per dtype a cell "PASS 0.35" gives the verdict of the
 worst of the four quantities and its worst element's error as a fraction of its bound (at most
 1 passes).
-Writes OUT/verify.json. Exits 1 if any check fails, else 0."""
+Writes OUT/verify.json. Exits 1 if any check fails, else 0.
+
+With --fovi: the same for fovi 2.4.0, the release users install from PyPI: every fovi backend
+that runs here, through fovi's own fovi-resnet18 layers (its dispatcher, its all-padding mask),
+in float64 too, with fovi's dispatcher choice beside fovi_ref's route. A FAIL is a finding
+about fovi; the lines under the table say which side is wrong and why. Writes
+OUT/verify_fovi.json; exits 1 on a FAIL, 2 if fovi is not installed."""
 
 
 def _bench_epilog() -> str:
@@ -64,7 +71,9 @@ def _bench_epilog() -> str:
         "with --boundary:",
         f"  {'knn_conv / plain torch, K = 1':<30} <= {boundary.BOUNDARY_TARGET}",
         f"  {'100 distinct / shared graphs':<30} <= {boundary.SCALE_TARGET}",
-        "Definitions: fovi_ref/bench/layers.py and fovi_ref/bench/boundary.py.",
+        "with --fovi:",
+        f"  {'fovi_ref / best fovi':<30} <= {fovi.TARGET}",
+        "Definitions: fovi_ref/bench/layers.py, boundary.py and fovi.py.",
     ]
     return "\n".join(lines)
 
@@ -94,11 +103,18 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--dtypes",
         nargs="+",
-        default=list(DTYPES),
-        choices=list(DTYPES),
-        help="dtypes to check in",
+        choices=list(verify.ALL_DTYPES),
+        help="dtypes to check in; if omitted: float32 float16 bfloat16, and float64 too with "
+        "--fovi",
     )
     v.add_argument("--batch", type=int, default=4, help="batch size of the random inputs")
+    v.add_argument(
+        "--fovi",
+        action="store_true",
+        help="instead: fovi 2.4.0's own backends through fovi's own layers, judged by the same "
+        "rule (needs: pip install --no-deps -r scripts/fovi-requirements.txt; exits 2 without "
+        "it); writes OUT/verify_fovi.json",
+    )
     v.add_argument(
         "--layers",
         nargs="+",
@@ -136,6 +152,13 @@ def parser() -> argparse.ArgumentParser:
         "distinct graphs against one shared graph (eager, compiled, exported)",
     )
     b.add_argument(
+        "--fovi",
+        action="store_true",
+        help="instead: fovi 2.4.0's own backends (its dispatcher's choice and each training "
+        "backend) beside fovi_ref's routed one on every layer at --batch-general (stem 16); "
+        f"target fovi_ref / best fovi <= {fovi.TARGET}; writes OUT/bench_fovi.json",
+    )
+    b.add_argument(
         "--network",
         choices=["resnet18"],
         help="instead: the whole fovi-resnet18 trunk, routed backends against every conv on "
@@ -157,12 +180,18 @@ def main(argv: list[str] | None = None) -> int:
         defaults = parser().parse_args(["verify"])
         for key, value in vars(defaults).items():
             args.__dict__.setdefault(key, value)
+        if args.dtypes is None:
+            args.dtypes = (["float64"] if args.fovi else []) + list(DTYPES)
+        if args.fovi:
+            return verify.run_fovi(args)
         ok = verify.run(args)
         if args.command == "verify" or not ok:
             return 0 if ok else 1
         # The bare command: a short bench after a passing verify.
         args.batch, args.batch_general, args.repeats, args.layers = [64], 64, 5, None
         args.dtype = "float32"
+    if getattr(args, "fovi", False):
+        return fovi.run(args)
     if getattr(args, "boundary", False):
         boundary.run()
     elif getattr(args, "network", None):

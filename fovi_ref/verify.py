@@ -10,6 +10,7 @@ by the same rule and its worst ratio is reported beside every verdict (not judge
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,10 +36,13 @@ __all__ = [
     "backends_for",
     "forward_and_grads",
     "run",
+    "run_fovi",
     "verify_meta",
 ]
 
 BASELINE = "einsum_baseline"
+ALL_DTYPES = {"float64": torch.float64, **DTYPES}
+"""Dtypes by name for ``verify``: float64 too (fovi's backends are judged in it)."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,7 @@ def run(args) -> bool:
     table on stdout, ``verify.json`` in ``args.out``; True when every check passed. ``args``
     carries ``device``, ``dtypes``, ``layers``, ``batch`` and ``out``."""
     device = torch.device(args.device)
-    dtypes = tuple(DTYPES[d] for d in args.dtypes)
+    dtypes = tuple(ALL_DTYPES[d] for d in args.dtypes)
     names = layer_names(args.layers)
     rows, failures = [], 0
     for i, name in enumerate(names, 1):
@@ -176,3 +180,43 @@ def run(args) -> bool:
     out.mkdir(parents=True, exist_ok=True)
     (out / "verify.json").write_text(json.dumps(rows, indent=1))
     return failures == 0
+
+
+def run_fovi(args) -> int:
+    """``python -m fovi_ref verify --fovi``: fovi 2.4.0's backends through fovi's own layers,
+    judged by the same elementwise rule (:func:`fovi_ref.upstream.verify_fovi`); the table on
+    stdout, ``verify_fovi.json`` in ``args.out``. Returns the exit status: 0 when every cell
+    passed, 1 on a FAIL (a finding about fovi: the table says which side is wrong and why), 2
+    when fovi is not installed."""
+    from fovi_ref import upstream
+
+    try:
+        fovi = upstream.require_fovi()
+    except (upstream.FoviUnavailable, upstream.FoviVersionError) as err:
+        print(f"verify --fovi: {err}", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    dtypes = tuple(ALL_DTYPES[d] for d in args.dtypes)
+    every = upstream.fovi_resnet18_layers(device)
+    layers = {name: every[name] for name in layer_names(args.layers)}
+    checks = upstream.verify_fovi(
+        layers,
+        dtypes=dtypes,
+        batch=args.batch,
+        device=device,
+        on_layer=lambda i, n, name: progress(i, n, f"verify fovi {name}"),
+    )
+    print(f"\nfovi {fovi.__version__} on {device}, batch {args.batch}: fovi's own layers, every")
+    print("backend that runs here; y and grad x/weight/bias vs the float64 oracle, judged by")
+    print("fovi_ref's elementwise rule (fovi_ref/tolerances.py), fovi's all-padding reading.")
+    print("cell: PASS/FAIL, then the worst element's error / bound (at most 1 passes)")
+    print("auto: fovi's dispatcher choice with gradients on; route: fovi_ref's for the graph")
+    print("a FAIL is fovi's result outside the bound; the lines below it say why\n")
+    print(upstream.format_fovi_table(checks))
+    record = upstream.fovi_record(
+        checks, torch=torch.__version__, device=str(device), batch=args.batch
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verify_fovi.json").write_text(json.dumps(record, indent=1))
+    return 0 if record["failed"] == 0 else 1

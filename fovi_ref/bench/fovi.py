@@ -1,0 +1,165 @@
+"""``python -m fovi_ref bench --fovi``: fovi 2.4.0's own backends beside fovi_ref's routed one.
+
+On each fovi-resnet18 layer (batch 64, the stem 16), forward + backward (gradients of ``x``,
+``weight``, ``bias``) of:
+
+- fovi's dispatcher (``KNNConvLayer`` with ``kernel_backend="auto"``; on CPU with gradients it
+  picks ``baseline``) and each training-capable backend fovi has on this device that accepts the
+  graph: ``baseline``, ``torch_scatter``, ``torch_compact``, and ``gather_gemm`` where
+  K = V = 1 (:func:`fovi_ref.upstream.fovi_contenders`, fovi's code unchanged);
+- fovi_ref's routed backend through :func:`fovi_ref.knn_conv`.
+
+All of one layer's contenders are timed in interleaved rounds in one process
+(:func:`fovi_ref.bench.measure.time_contenders`), so the ratios hold on a noisy machine. The
+column ``fovi_ref / best fovi`` divides fovi_ref's median by the fastest fovi contender's; its
+target is :data:`TARGET`. Layers sharing a graph and channel count are timed once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from fovi_ref.bench import measure
+from fovi_ref.jobs import DTYPES, layer_names, progress
+from fovi_ref.knn_autograd import route
+
+__all__ = ["TARGET", "bench_fovi", "format_table", "run"]
+
+TARGET = 0.8
+"""``fovi_ref / best fovi``: fovi_ref's routed backend against the fastest of fovi's own."""
+
+# Column titles of fovi's contenders (the dispatcher's contender is named after its choice).
+_SHORT = {
+    "baseline": "base",
+    "torch_scatter": "scatter",
+    "torch_compact": "compact",
+    "gather_gemm": "gg",
+}
+
+
+def _short(contender: str) -> str:
+    """``"fovi torch_compact"`` -> ``"compact"``; ``"fovi auto (baseline)"`` -> ``"auto"``."""
+    name = contender.removeprefix("fovi ")
+    return "auto" if name.startswith("auto") else _SHORT.get(name, name)
+
+
+def bench_fovi(
+    names: Sequence[str] | None = None,
+    *,
+    batch: int = 64,
+    stem_batch: int = 16,
+    repeats: int = 5,
+    warmup: int = 1,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    on_layer: Callable[[int, int, str], None] | None = None,
+) -> list[dict]:
+    """One row per distinct graph and channel count among ``names`` (default: all 20 layers):
+    ``layers``, ``batch``, ``route``, ``dispatch`` (fovi's choice), ``ms`` (median per
+    contender: ``"fovi_ref <route>"`` and fovi's), ``best fovi`` and ``fovi_ref / best fovi``."""
+    from fovi_ref import upstream
+
+    device = torch.device(device)
+    every = upstream.fovi_resnet18_layers(device)
+    groups: list[list[str]] = []
+    for name in layer_names(list(names) if names else None):
+        rec = every[name]
+        for members in groups:
+            first = every[members[0]]
+            if first.out_channels == rec.out_channels and first.meta.same_graph(rec.meta):
+                members.append(name)
+                break
+        else:
+            groups.append([name])
+    rows = []
+    for i, members in enumerate(groups, 1):
+        rec = every[members[0]]
+        size = stem_batch if members[0] == "conv1" else batch
+        if on_layer is not None:
+            on_layer(i, len(groups), f"{members[0]} batch {size}")
+        inputs = measure.make_inputs(rec.meta, rec.out_channels, size, dtype)
+        ours = f"fovi_ref {route(rec.meta)}"
+        contenders = upstream.fovi_contenders(inputs)
+        contenders[ours] = measure.knn_backend(inputs, route(rec.meta))
+        times = measure.time_contenders(contenders, repeats=repeats, warmup=warmup)
+        fovi_times = {k: v for k, v in times.items() if k != ours}
+        best = min(fovi_times, key=fovi_times.get)
+        auto = next(k for k in fovi_times if k.startswith("fovi auto"))
+        rows.append(
+            {
+                "layers": members,
+                "batch": size,
+                "route": route(rec.meta),
+                "dispatch": auto.removeprefix("fovi auto (").removesuffix(")"),
+                "ms": {k: 1e3 * v for k, v in times.items()},
+                "best fovi": best,
+                "fovi_ref / best fovi": times[ours] / fovi_times[best],
+            }
+        )
+    return rows
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """Fixed-width table (within 100 characters): fovi_ref's median, then fovi_ref / each of
+    fovi's contenders (``auto``: the dispatcher's choice), the fastest fovi contender and
+    fovi_ref / it (``!``: over :data:`TARGET`)."""
+    columns = ["auto", "base", "scatter", "compact", "gg"]
+    head = f"{'layer':<22}{'route':<12}{'ref ms':>8}" + "".join(f"{c:>8}" for c in columns)
+    head += f"{'best':>8} ref/best"
+    lines = [head]
+    for r in rows:
+        ours = next(k for k in r["ms"] if k.startswith("fovi_ref"))
+        ratios = {_short(k): r["ms"][ours] / v for k, v in r["ms"].items() if k != ours}
+        layer = r["layers"][0] + (f" +{len(r['layers']) - 1}" if len(r["layers"]) > 1 else "")
+        cells = "".join(f"{ratios[c]:>8.2f}" if c in ratios else f"{'-':>8}" for c in columns)
+        ratio = r["fovi_ref / best fovi"]
+        mark = "" if ratio <= TARGET else "!"
+        lines.append(
+            f"{layer:<22}{r['route']:<12}{r['ms'][ours]:>8.1f}{cells}"
+            f"{_short(r['best fovi']):>8}{ratio:>9.2f}{mark}"
+        )
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    """``python -m fovi_ref bench --fovi``: the table on stdout, ``bench_fovi.json`` in
+    ``args.out``. ``args`` carries ``device``, ``dtype``, ``layers``, ``batch_general`` (the
+    batch; the stem uses 16), ``repeats`` and ``out``. Returns the exit status: 0, or 2 when
+    fovi is not installed."""
+    from fovi_ref import upstream
+
+    try:
+        fovi = upstream.require_fovi()
+    except (upstream.FoviUnavailable, upstream.FoviVersionError) as err:
+        print(f"bench --fovi: {err}", file=sys.stderr)
+        return 2
+    dtype = DTYPES[args.dtype]
+    rows = bench_fovi(
+        args.layers,
+        batch=args.batch_general,
+        repeats=args.repeats,
+        device=args.device,
+        dtype=dtype,
+        on_layer=lambda i, n, what: progress(i, n, f"bench fovi {what}"),
+    )
+    print(
+        f"\nfovi {fovi.__version__} vs fovi_ref on {args.device}, {args.dtype}, forward + "
+        f"backward,\nbatch {args.batch_general} (stem 16), {args.repeats} interleaved rounds"
+    )
+    print("ref ms: fovi_ref's routed backend (median); auto..gg: fovi_ref / that fovi contender")
+    print("(auto: fovi's dispatcher; below 1: fovi_ref faster); best: the fastest fovi contender;")
+    print(f"ref/best: fovi_ref / best, target <= {TARGET}, '!' marks a miss\n")
+    print(format_table(rows))
+    misses = sum(r["fovi_ref / best fovi"] > TARGET for r in rows)
+    print(f"\n{len(rows) - misses} of {len(rows)} rows meet the target")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"fovi": fovi.__version__, "device": str(args.device), "dtype": args.dtype}
+    record |= {"repeats": args.repeats, "target": TARGET, "rows": rows}
+    (out / "bench_fovi.json").write_text(json.dumps(record, indent=1))
+    return 0
