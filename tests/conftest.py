@@ -24,6 +24,20 @@ def _fixed_global_seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """For modules of tiny tensors: a second thread only adds overhead (on a busy 2-core machine,
+    check_ops on the random graphs took 10 s of CPU with two threads against 0.9 s with one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# Every backend adds the bias inside its GEMM (fovi_ref.layout; einsum_baseline hands F.linear
+# contiguous features), so each must round W x + b once: fovi_ref.tolerances, step 2 (d).
+FUSED_BIAS_BACKENDS = ("general", "gather_gemm", "einsum_baseline")
+
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 LOW_PRECISION = [torch.float32, torch.float16, torch.bfloat16]

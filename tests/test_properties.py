@@ -17,6 +17,7 @@ import math
 
 import pytest
 import torch
+from conftest import FUSED_BIAS_BACKENDS
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,19 +28,9 @@ from fovi_ref.verify import forward_and_grads
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 STYLES = ("normal", "wide", "tiny", "integers")
-# Backends that add the bias inside their GEMM once the core rewrite lands (see
-# fovi_ref.tolerances, step 2 (d)); einsum_baseline keeps fovi's double-rounding F.linear.
-FUSED_BIAS_BACKENDS = ("general", "gather_gemm")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tensors are tiny: a second thread only adds overhead (on a busy 2-core machine,
-    check_ops on the random graphs took 10 s of CPU with two threads against 0.9 s with one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _k1_v1_only(backend: str) -> bool:

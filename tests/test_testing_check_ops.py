@@ -16,14 +16,7 @@ FAST = ("random", "layer4.0.downsample.0", "layer4.1.conv1")
 LOW = (torch.float16, torch.bfloat16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tensors are tiny: a second thread only adds overhead (on a busy 2-core machine,
-    check_ops on the random graphs took 10 s of CPU with two threads against 0.9 s with one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

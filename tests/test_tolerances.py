@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import FUSED_BIAS_BACKENDS
 
 from fovi_ref import KNNMeta, get_ops
 from fovi_ref.reference import (
@@ -31,19 +32,9 @@ from fovi_ref.tolerances import (
 LOW = [torch.float16, torch.bfloat16]
 ALL = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 BACKENDS = ("einsum_baseline", "general", "gather_gemm")
-# Backends that add the bias inside their GEMM once the core rewrite lands (see the brief of
-# fovi_ref.tolerances, step 2 (d)); einsum_baseline keeps fovi's F.linear, which rounds twice.
-FUSED_BIAS_BACKENDS = ("general", "gather_gemm")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tensors are tiny: a second thread only adds overhead (on a busy 2-core machine,
-    check_ops on the random graphs took 10 s of CPU with two threads against 0.9 s with one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def one_to_one_meta(n: int = 1) -> KNNMeta:

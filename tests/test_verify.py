@@ -9,15 +9,7 @@ from fovi_ref import get_ops, register_ops, unregister_ops
 from fovi_ref.geometry import get_layer
 from fovi_ref.verify import BASELINE, verify_meta
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tensors are tiny: a second thread only adds overhead (on a busy 2-core machine,
-    check_ops on the random graphs took 10 s of CPU with two threads against 0.9 s with one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_verify_meta_judges_every_backend_and_reports_the_baseline():
