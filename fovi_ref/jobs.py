@@ -9,7 +9,7 @@ import torch
 
 from fovi_ref.geometry import get_layer, resnet18_layers
 
-__all__ = ["DTYPES", "layer_names", "progress"]
+__all__ = ["DTYPES", "layer_names", "progress", "shared_graph_groups"]
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -24,3 +24,19 @@ def layer_names(requested: list[str] | None) -> list[str]:
     if not requested:
         return list(resnet18_layers())
     return [get_layer(name).name for name in requested]
+
+
+def shared_graph_groups(names: list[str], records: dict) -> list[list[str]]:
+    """``names`` grouped so that the layers of a group share one graph and channel counts (a
+    bench measures each group once); ``records[name]`` has ``.meta`` and ``.out_channels``."""
+    groups: list[list[str]] = []
+    for name in names:
+        record = records[name]
+        for members in groups:
+            first = records[members[0]]
+            if first.out_channels == record.out_channels and first.meta.same_graph(record.meta):
+                members.append(name)
+                break
+        else:
+            groups.append([name])
+    return groups

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from fovi_ref.bench import measure
-from fovi_ref.jobs import DTYPES, layer_names, progress
+from fovi_ref.jobs import DTYPES, layer_names, progress, shared_graph_groups
 from fovi_ref.knn_autograd import route
 
 __all__ = ["TARGET", "bench_fovi", "format_table", "run"]
@@ -66,16 +66,7 @@ def bench_fovi(
 
     device = torch.device(device)
     every = upstream.fovi_resnet18_layers(device)
-    groups: list[list[str]] = []
-    for name in layer_names(list(names) if names else None):
-        rec = every[name]
-        for members in groups:
-            first = every[members[0]]
-            if first.out_channels == rec.out_channels and first.meta.same_graph(rec.meta):
-                members.append(name)
-                break
-        else:
-            groups.append([name])
+    groups = shared_graph_groups(layer_names(list(names) if names else None), every)
     rows = []
     for i, members in enumerate(groups, 1):
         rec = every[members[0]]

@@ -23,7 +23,7 @@ import torch
 
 from fovi_ref.bench import measure
 from fovi_ref.geometry import RES18_DOWNSAMPLES, get_layer
-from fovi_ref.jobs import DTYPES, layer_names, progress
+from fovi_ref.jobs import DTYPES, layer_names, progress, shared_graph_groups
 from fovi_ref.knn_autograd import route
 
 # Targets of the bench, as ratios measured side by side (issue "Main job and benchmarks").
@@ -83,16 +83,7 @@ def bench_downsamples(args, device, dtype, names) -> list[dict]:
 def bench_general(args, device, dtype, names) -> list[dict]:
     """K > 1 layers: general against fovi's einsum, time and peak memory; one row per distinct
     graph and channel count (layers that share both are measured once and listed together)."""
-    groups: list[list[str]] = []
-    for name in names:
-        layer = get_layer(name)
-        for members in groups:
-            first = get_layer(members[0])
-            if first.out_channels == layer.out_channels and first.meta.same_graph(layer.meta):
-                members.append(name)
-                break
-        else:
-            groups.append([name])
+    groups = shared_graph_groups(names, {name: get_layer(name) for name in names})
     rows = []
     for i, members in enumerate(groups, 1):
         layer = get_layer(members[0])
