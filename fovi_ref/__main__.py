@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from fovi_ref import verify
-from fovi_ref.bench import boundary, fovi, layers, network
+from fovi_ref.bench import boundary, fovi, layers, network, scaling
 from fovi_ref.jobs import DTYPES
 
 
@@ -73,7 +73,9 @@ def _bench_epilog() -> str:
         f"  {'100 distinct / shared graphs':<30} <= {boundary.SCALE_TARGET}",
         "with --fovi:",
         f"  {'fovi_ref / best fovi':<30} <= {fovi.TARGET}",
-        "Definitions: fovi_ref/bench/layers.py, boundary.py and fovi.py.",
+        "with --batch-scaling (every batch 1 to 16):",
+        f"  {'routed / fovi einsum':<30} <= {scaling.TARGET}",
+        "Definitions: fovi_ref/bench/layers.py, boundary.py, fovi.py and scaling.py.",
     ]
     return "\n".join(lines)
 
@@ -159,6 +161,12 @@ def parser() -> argparse.ArgumentParser:
         f"target fovi_ref / best fovi <= {fovi.TARGET}; writes OUT/bench_fovi.json",
     )
     b.add_argument(
+        "--batch-scaling",
+        action="store_true",
+        help="instead: every distinct res18 graph at batch 1, 2, 4, 8 and 16, routed backend "
+        "against fovi's einsum (ms per sample and ratio)",
+    )
+    b.add_argument(
         "--network",
         choices=["resnet18"],
         help="instead: the whole fovi-resnet18 trunk, routed backends against every conv on "
@@ -194,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         return fovi.run(args)
     if getattr(args, "boundary", False):
         boundary.run()
+    elif getattr(args, "batch_scaling", False):
+        scaling.run(args.layers, repeats=args.repeats, device=args.device, dtype=DTYPES[args.dtype])
     elif getattr(args, "network", None):
         network.run(device=args.device, dtype=DTYPES[args.dtype], repeats=args.repeats)
     else:

@@ -89,3 +89,11 @@ def test_op_counts_of_gather_gemm_forward_and_backward(path):
     assert counts.get("aten::index_add_", 0) == (0 if path == "dense" else 1)
     assert counts["aten::sum"] == 1  # grad_bias
     assert bench.op_sequence(prof)[:3] == ["gather", "copy_", "addmm"]  # the forward
+
+
+def test_batch_scaling_prints_a_row_per_graph_and_batch(capsys):
+    assert main(["bench", "--batch-scaling", "--layers", "res18_ds4", "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (row,) = [line for line in lines if line.startswith("layer4.0.downsample.0")]
+    assert "gather_gemm" in row and len(row.split()) == 2 + 2 * 5  # ms and ratio per batch
+    assert all(len(line) <= 100 for line in lines)

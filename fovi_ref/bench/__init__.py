@@ -7,6 +7,7 @@
   op boundary and of having many distinct graphs.
 - :mod:`fovi_ref.bench.network`: ``python -m fovi_ref bench --network resnet18``, the whole trunk.
 - :mod:`fovi_ref.bench.budget`: the dense-``S`` budget derived from a measured sweep.
+- :mod:`fovi_ref.bench.scaling`: ``python -m fovi_ref bench --batch-scaling``, batches 1 to 16.
 """
 
 from fovi_ref.bench.measure import (

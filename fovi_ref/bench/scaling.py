@@ -1,0 +1,73 @@
+"""Small batches: ``python -m fovi_ref bench --batch-scaling``.
+
+Notebooks, visualisation and single-image checks run at batch 1 to 16, where fixed costs per call
+and layout pathologies show (a strided view that makes row gathers 30x slower once cost general 4x
+more at batch 2 than at batch 1). For every distinct res18 graph, forward + backward of the routed
+backend through ``knn_conv`` against fovi's einsum path (plain autograd), side by side, at each
+batch size: the table gives milliseconds per sample of the routed backend and the ratio, whose
+target is :data:`TARGET` at every batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fovi_ref.bench.measure import fovi_einsum, knn_backend, make_inputs, time_contenders
+from fovi_ref.geometry import get_layer
+from fovi_ref.jobs import layer_names, progress, shared_graph_groups
+from fovi_ref.knn_autograd import route
+
+__all__ = ["BATCHES", "TARGET", "run", "scaling_rows"]
+
+BATCHES = (1, 2, 4, 8, 16)
+TARGET = 1.0
+"""Routed backend / fovi's einsum, forward + backward, at every batch size."""
+
+
+def scaling_rows(
+    names: list[str] | None = None,
+    batches=BATCHES,
+    repeats: int = 7,
+    device: str = "cpu",
+    dtype=torch.float32,
+) -> list[dict]:
+    """One row per distinct graph: ``{"layers", "backend", "ms per sample": {B: ms},
+    "ratio": {B: routed / einsum}}``."""
+    names = layer_names(names)
+    groups = shared_graph_groups(names, {name: get_layer(name) for name in names})
+    rows = []
+    for i, members in enumerate(groups, 1):
+        layer = get_layer(members[0])
+        meta, backend = layer.meta.to(device), route(layer.meta)
+        progress(i, len(groups), f"batch scaling {members[0]}")
+        per_sample, ratio = {}, {}
+        for batch in batches:
+            inputs = make_inputs(meta, layer.out_channels, batch, dtype)
+            times = time_contenders(
+                {"routed": knn_backend(inputs, backend), "einsum": fovi_einsum(inputs)},
+                repeats=repeats,
+            )
+            per_sample[batch] = 1e3 * times["routed"] / batch
+            ratio[batch] = times["routed"] / times["einsum"]
+        rows.append(
+            {"layers": members, "backend": backend, "ms per sample": per_sample, "ratio": ratio}
+        )
+    return rows
+
+
+def run(names=None, repeats: int = 7, device: str = "cpu", dtype=torch.float32) -> list[dict]:
+    """Print the table of :func:`scaling_rows` (within 100 columns) and return its rows."""
+    rows = scaling_rows(names, repeats=repeats, device=device, dtype=dtype)
+    print(f"\nbatch scaling, {device} {str(dtype)[6:]}: routed backend / fovi's einsum, fwd + bwd")
+    print(f"cell: ms per sample of the routed backend, then the ratio (target <= {TARGET})")
+    header = f"{'layer':<22}{'backend':<12}" + "".join(f"{'B=' + str(b):>13}" for b in BATCHES)
+    print(header)
+    for r in rows:
+        cells = "".join(
+            f"{r['ms per sample'][b]:>7.2f} {r['ratio'][b]:4.2f}"
+            + ("!" if r["ratio"][b] > TARGET else " ")
+            for b in BATCHES
+        )
+        first = r["layers"][0] + (f" +{len(r['layers']) - 1}" if len(r["layers"]) > 1 else "")
+        print(f"{first[:21]:<22}{r['backend']:<12}{cells}")
+    return rows
