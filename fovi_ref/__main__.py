@@ -65,16 +65,23 @@ OUT/verify_fovi.json; exits 1 on a FAIL, 2 if fovi is not installed."""
 
 
 def _bench_epilog() -> str:
-    lines = ["targets (time ratios, measured side by side; a '!' in the tables marks a miss):"]
-    lines += [f"  {name:<30} <= {target}" for name, target in layers.TARGETS.items()]
+    lines = [
+        "targets (float32 ratios, measured side by side; a '!' in the tables marks a miss;",
+        "'floor' = the GEMM floor / fovi's einsum):",
+    ]
+    lines += [f"  {name:<40} <= {target}" for name, target in layers.TARGETS.items()]
+    lines += [
+        "with --network resnet18 (routed / all-einsum step time, per batch):",
+        *(f"  {'batch ' + str(b):<40} <= {t}" for b, t in network.TARGETS.items()),
+    ]
     lines += [
         "with --boundary:",
-        f"  {'knn_conv / plain torch, K = 1':<30} <= {boundary.BOUNDARY_TARGET}",
-        f"  {'100 distinct / shared graphs':<30} <= {boundary.SCALE_TARGET}",
+        f"  {'knn_conv / plain torch, K = 1':<40} <= {boundary.BOUNDARY_TARGET}",
+        f"  {'100 distinct / shared graphs':<40} <= {boundary.SCALE_TARGET}",
         "with --fovi:",
-        f"  {'fovi_ref / best fovi':<30} <= {fovi.TARGET}",
+        f"  {'fovi_ref / best fovi':<40} <= {fovi.TARGET}",
         "with --batch-scaling (every batch 1 to 16):",
-        f"  {'routed / fovi einsum':<30} <= {scaling.TARGET}",
+        f"  {'routed / fovi einsum':<40} <= {scaling.TARGET}",
         "Definitions: fovi_ref/bench/layers.py, boundary.py, fovi.py and scaling.py.",
     ]
     return "\n".join(lines)
@@ -129,7 +136,13 @@ def parser() -> argparse.ArgumentParser:
         epilog=_bench_epilog(),
         formatter_class=_HelpFormatter,
     )
-    b.add_argument("--dtype", default="float32", choices=list(DTYPES), help="dtype of the inputs")
+    b.add_argument(
+        "--dtype",
+        nargs="+",
+        default=list(DTYPES),
+        choices=list(DTYPES),
+        help="dtypes of the inputs, one set of rows each (targets hold float32)",
+    )
     b.add_argument(
         "--batch", type=int, nargs="+", default=[64, 256], help="batch sizes for the K = 1 layers"
     )
@@ -197,15 +210,17 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if ok else 1
         # The bare command: a short bench after a passing verify.
         args.batch, args.batch_general, args.repeats, args.layers = [64], 64, 5, None
-        args.dtype = "float32"
+        args.dtype = ["float32"]
     if getattr(args, "fovi", False):
         return fovi.run(args)
     if getattr(args, "boundary", False):
         boundary.run()
     elif getattr(args, "batch_scaling", False):
-        scaling.run(args.layers, repeats=args.repeats, device=args.device, dtype=DTYPES[args.dtype])
+        for dtype in args.dtype:
+            scaling.run(args.layers, repeats=args.repeats, device=args.device, dtype=DTYPES[dtype])
     elif getattr(args, "network", None):
-        network.run(device=args.device, dtype=DTYPES[args.dtype], repeats=args.repeats)
+        for dtype in args.dtype:
+            network.run(device=args.device, dtype=DTYPES[dtype], repeats=args.repeats)
     else:
         layers.run(args)
     return 0

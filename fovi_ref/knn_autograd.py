@@ -14,10 +14,13 @@ backend::
     grad_input(meta, grad_y, weight) -> grad_x  [B, Cin, Nin]
     grad_weight(meta, grad_y, x)     -> grad_w  [Cout, Cin*V]
 
-and optionally ``supports(meta) -> bool`` and ``derive(meta) -> {name: tensor}``, a pure function
+and optionally ``supports(meta) -> bool``; ``derive(meta) -> {name: tensor}``, a pure function
 of the graph computing what the backend precomputes (kept on the meta: see
-:meth:`fovi_ref.KNNMeta.derived`). ``grad_bias`` is ``grad_y`` summed over batch and nodes, the
-same for every backend, so it lives here.
+:meth:`fovi_ref.KNNMeta.derived`); and ``grad_y_layout(grad_y) -> grad_y``, the same values in
+the memory layout its two gradient functions read without copying: the backward calls it once
+and hands the result to both (and to the bias), so ``grad_y`` is rearranged once, not twice.
+``grad_bias`` is ``grad_y`` summed over batch and nodes, the same for every backend, so it lives
+here.
 
 **Two doors to one computation.** In eager mode ``knn_conv`` calls the backend through a
 ``torch.autograd.Function`` handed the meta itself: nothing is looked up, and the fixed cost per
@@ -54,7 +57,7 @@ import torch
 from fovi_ref.knn_einsum_baseline import EinsumBaselineOps
 from fovi_ref.knn_gather_gemm import GatherGemmOps, gather_gemm_applies
 from fovi_ref.knn_general import GeneralOps
-from fovi_ref.layout import fovi_layout_empty, grad_y_rows
+from fovi_ref.layout import fovi_layout_empty
 from fovi_ref.meta import Derived, KNNMeta
 
 __all__ = [
@@ -79,7 +82,7 @@ _OPS_SIGNATURES = {
     "grad_input": ("meta", "grad_y", "weight"),
     "grad_weight": ("meta", "grad_y", "x"),
 }
-_OPTIONAL_SIGNATURES = {"supports": ("meta",), "derive": ("meta",)}
+_OPTIONAL_SIGNATURES = {"supports": ("meta",), "derive": ("meta",), "grad_y_layout": ("grad_y",)}
 
 
 def _check_signature(name: str, method: str, fn: Any, params: tuple[str, ...]) -> None:
@@ -98,8 +101,8 @@ def register_ops(ops: Any) -> None:
 
     Raises:
         TypeError: ``ops`` lacks a non-empty string ``name`` or one of ``forward``,
-            ``grad_input``, ``grad_weight``; or one of them, or an optional ``supports`` or
-            ``derive``, is not a function taking its arguments.
+            ``grad_input``, ``grad_weight``; or one of them, or an optional ``supports``,
+            ``derive`` or ``grad_y_layout``, is not a function taking its arguments.
         ValueError: a backend with that name is already registered.
     """
     name = getattr(ops, "name", None)
@@ -260,10 +263,29 @@ def _checked_grad(g: Any, ops: Any, what: str, like: torch.Tensor, shape: tuple)
     return g.contiguous()
 
 
+def _grad_y_laid_out(ops: Any, grad_y: torch.Tensor) -> torch.Tensor:
+    """``grad_y`` in the layout ``ops`` reads best (its optional ``grad_y_layout``), once per
+    backward; anything else than the same values in ``grad_y``'s shape and dtype is refused."""
+    lay_out = getattr(ops, "grad_y_layout", None)
+    if lay_out is None:
+        return grad_y
+    laid_out = lay_out(grad_y)
+    if not isinstance(laid_out, torch.Tensor) or (laid_out.shape, laid_out.dtype) != (
+        grad_y.shape,
+        grad_y.dtype,
+    ):
+        raise RuntimeError(
+            f"backend {ops.name!r}: grad_y_layout must return grad_y's shape "
+            f"{tuple(grad_y.shape)} and dtype {grad_y.dtype}"
+        )
+    return laid_out
+
+
 def _grad_bias(grad_y: torch.Tensor) -> torch.Tensor:
-    """``[Cout]``: ``grad_y`` summed over batch and nodes, as rows ``[B*Nout, Cout]`` summed
-    down, the order in which ``F.linear``'s backward sums it in fovi (bit-identical there)."""
-    return grad_y_rows(grad_y).sum(dim=0)
+    """``[Cout]``: ``grad_y`` summed over batch and nodes, reading it in whatever layout it has
+    (no copy). In fovi's layout that is rows ``[B*Nout, Cout]`` summed down, the order of
+    ``F.linear``'s backward in fovi."""
+    return grad_y.sum(dim=(0, 2))
 
 
 def _grad_input(ops, meta, grad_y, weight):
@@ -304,6 +326,7 @@ def _backend_grads(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]
     x, weight = ctx.saved_tensors
     meta, ops, has_bias = ctx.graph
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    grad_y = _grad_y_laid_out(ops, grad_y)
     grad_x = _grad_input(ops, meta, grad_y, weight) if need_x else None
     grad_w = _grad_weight(ops, meta, grad_y, x) if need_w else None
     grad_b = _grad_bias(grad_y) if has_bias and need_b else None
@@ -411,6 +434,7 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, grad_y: torch.Tensor):
     x, weight, knn, rf_index, *derived = ctx.saved_tensors
     graph = (knn, rf_index, derived, *ctx.graph)
+    grad_y = _grad_y_laid_out(get_ops(ctx.graph[3]), grad_y)
     grad_x = grad_weight = grad_bias = None
     if ctx.needs_input_grad[0]:
         grad_x = _grad_input_op(grad_y, weight, *graph)

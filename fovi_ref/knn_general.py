@@ -198,7 +198,7 @@ def _binned(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
 
 def _grad_y_node_major(grad_y: torch.Tensor) -> torch.Tensor:
     """``[B, Cout, Nout] -> [Cout, Nout*B]`` (columns ordered node, then batch), the GEMM layout
-    of ``z`` (a copy)."""
+    of ``z``: a view of what :meth:`GeneralOps.grad_y_layout` returns, a copy otherwise."""
     return grad_y.permute(1, 2, 0).reshape(grad_y.shape[1], -1)
 
 
@@ -207,6 +207,12 @@ class GeneralOps:
 
     name = NAME
     derive = staticmethod(derive)
+
+    @staticmethod
+    def grad_y_layout(grad_y: torch.Tensor) -> torch.Tensor:
+        """``grad_y`` with ``[Cout, Nout, B]`` storage, so that both gradients read its
+        node-major fold as a view: one transposing copy per backward, not one per gradient."""
+        return grad_y.permute(1, 2, 0).contiguous().permute(2, 0, 1)  # [B, Cout, Nout]
 
     @staticmethod
     def forward(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["fovi_layout_empty", "grad_y_rows", "linear_rows", "y_from_rows"]
+__all__ = ["fovi_layout_empty", "linear_rows", "y_from_rows"]
 
 
 def linear_rows(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -39,12 +39,3 @@ def y_from_rows(y_rows: torch.Tensor, batch: int, n_out: int) -> torch.Tensor:
 def fovi_layout_empty(batch: int, c_out: int, n_out: int, like: torch.Tensor) -> torch.Tensor:
     """An uninitialised ``[B, Cout, Nout]`` in fovi's layout, dtype and device of ``like``."""
     return like.new_empty(batch, n_out, c_out).transpose(1, 2)  # [B, Cout, Nout]
-
-
-def grad_y_rows(grad_y: torch.Tensor) -> torch.Tensor:
-    """``grad_y [B, Cout, Nout] -> [B*Nout, Cout]``, rows ordered ``b`` then ``n``.
-
-    Free (a view) when ``grad_y`` arrives in fovi's layout, which is what autograd passes back
-    through layers that keep strides (ReLU, BatchNorm); one copy otherwise.
-    """
-    return grad_y.transpose(1, 2).reshape(-1, grad_y.shape[1])  # [B*Nout, Cout]

@@ -21,7 +21,7 @@ def test_bench_fovi_rows_and_table(tmp_path, capsys):
         batch_general=2,
         repeats=1,
         device="cpu",
-        dtype="float32",
+        dtype=["float32"],
         out=str(tmp_path),
     )
     assert fovi.run(args) == 0

@@ -43,7 +43,18 @@ def test_bench_writes_ratios(tmp_path):
     assert main([*args, "--batch", "2", "--batch-general", "2", "--repeats", "1"]) == 0
     result = json.loads((tmp_path / "bench.json").read_text())
     k1, general = result["k1"], result["general"]
-    assert [r["layer"] for r in k1] == ["layer4.0.downsample.0"]
+    ds4 = "layer4.0.downsample.0"
+    dtypes = ["float32", "float16", "bfloat16"]  # the default: 16-bit rows beside float32
+    assert [(r["layer"], r["dtype"]) for r in k1] == [(ds4, d) for d in dtypes]
+    assert [r["dtype"] for r in general] == dtypes
+    # float32 rows are held to their targets (here the batch-2 ones), 16-bit rows to none
+    assert set(k1[0]["verdicts"]) == {
+        "gather_gemm / einsum (fovi)",
+        "gather_gemm / conv2d floor",
+        "gather_gemm / gemm floor, batch < 256",
+    }
+    assert k1[1]["verdicts"] == k1[2]["verdicts"] == {} == general[1]["verdicts"]
+    assert "general / einsum peak memory" in general[0]["verdicts"]
     assert set(k1[0]["ms"]) == {
         "gather_gemm",
         "gather_gemm direct",
@@ -54,7 +65,8 @@ def test_bench_writes_ratios(tmp_path):
     }
     assert general[0]["general / einsum peak memory"] > 0
     assert (tmp_path / "bench.png").stat().st_size > 0
-    assert "gather_gemm / gemm floor" in (tmp_path / "bench.csv").read_text()
+    csv_rows = (tmp_path / "bench.csv").read_text().splitlines()
+    assert len(csv_rows) == 1 + 3 + 2  # header, ds4's three targets, layer4.1.conv1's two
 
 
 def test_time_contenders_runs_each_round_robin():
@@ -84,15 +96,16 @@ def test_op_counts_of_gather_gemm_forward_and_backward(path):
     counts = bench.op_counts(prof)
     gemms = sum(counts.get(op, 0) for op in ("aten::mm", "aten::addmm", "aten::bmm"))
     # forward: 1 GEMM; backward: W^T grad_y, then S (dense path), and grad_weight.
-    assert counts["aten::gather"] == 2  # forward, and again for grad_weight
+    assert counts["aten::index"] == 2  # the gather: forward, and again for grad_weight
     assert gemms == (4 if path == "dense" else 3)
     assert counts.get("aten::index_add_", 0) == (0 if path == "dense" else 1)
     assert counts["aten::sum"] == 1  # grad_bias
-    assert bench.op_sequence(prof)[:3] == ["gather", "copy_", "addmm"]  # the forward
+    assert bench.op_sequence(prof)[:2] == ["index", "addmm"]  # the forward: no fold copy
 
 
 def test_batch_scaling_prints_a_row_per_graph_and_batch(capsys):
-    assert main(["bench", "--batch-scaling", "--layers", "res18_ds4", "--repeats", "1"]) == 0
+    args = ["bench", "--batch-scaling", "--layers", "res18_ds4", "--repeats", "1"]
+    assert main([*args, "--dtype", "float32"]) == 0
     lines = capsys.readouterr().out.splitlines()
     (row,) = [line for line in lines if line.startswith("layer4.0.downsample.0")]
     assert "gather_gemm" in row and len(row.split()) == 2 + 2 * 5  # ms and ratio per batch

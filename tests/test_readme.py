@@ -7,7 +7,7 @@ import io
 import re
 from pathlib import Path
 
-from fovi_ref.bench import boundary
+from fovi_ref.bench import boundary, fovi, network, scaling
 from fovi_ref.bench.layers import TARGETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +33,10 @@ def test_targets_table_matches_the_code():
     assert {name: float(v) for name, v in rows.items()} == TARGETS
     assert f"plain torch, K = 1 tiny graph | <= {boundary.BOUNDARY_TARGET} |" in README
     assert f"on one shared graph, per step | <= {boundary.SCALE_TARGET} |" in README
+    for batch, target in network.TARGETS.items():
+        assert f"trunk step time, batch {batch} | <= {target} |" in README
+    assert f"every graph, batch 1 to 16 | <= {scaling.TARGET} |" in README
+    assert f"fastest fovi 2.4.0 backend, every layer | <= {fovi.TARGET} |" in README
 
 
 def test_every_module_in_the_table_exists():

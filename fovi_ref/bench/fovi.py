@@ -119,9 +119,9 @@ def format_table(rows: Sequence[dict]) -> str:
 
 def run(args) -> int:
     """``python -m fovi_ref bench --fovi``: the table on stdout, ``bench_fovi.json`` in
-    ``args.out``. ``args`` carries ``device``, ``dtype``, ``layers``, ``batch_general`` (the
-    batch; the stem uses 16), ``repeats`` and ``out``. Returns the exit status: 0, or 2 when
-    fovi is not installed."""
+    ``args.out``. ``args`` carries ``device``, ``dtype`` (a list of names), ``layers``,
+    ``batch_general`` (the batch; the stem uses 16), ``repeats`` and ``out``. Returns the exit
+    status: 0, or 2 when fovi is not installed."""
     from fovi_ref import upstream
 
     try:
@@ -129,28 +129,34 @@ def run(args) -> int:
     except (upstream.FoviUnavailable, upstream.FoviVersionError) as err:
         print(f"bench --fovi: {err}", file=sys.stderr)
         return 2
-    dtype = DTYPES[args.dtype]
-    rows = bench_fovi(
-        args.layers,
-        batch=args.batch_general,
-        repeats=args.repeats,
-        device=args.device,
-        dtype=dtype,
-        on_layer=lambda i, n, what: progress(i, n, f"bench fovi {what}"),
-    )
-    print(
-        f"\nfovi {fovi.__version__} vs fovi_ref on {args.device}, {args.dtype}, forward + "
-        f"backward,\nbatch {args.batch_general} (stem 16), {args.repeats} interleaved rounds"
-    )
-    print("ref ms: fovi_ref's routed backend (median); auto..gg: fovi_ref / that fovi contender")
-    print("(auto: fovi's dispatcher; below 1: fovi_ref faster); best: the fastest fovi contender;")
-    print(f"ref/best: fovi_ref / best, target <= {TARGET}, '!' marks a miss\n")
-    print(format_table(rows))
-    misses = sum(r["fovi_ref / best fovi"] > TARGET for r in rows)
-    print(f"\n{len(rows) - misses} of {len(rows)} rows meet the target")
+    all_rows = []
+    for dtype_name in args.dtype:
+        rows = bench_fovi(
+            args.layers,
+            batch=args.batch_general,
+            repeats=args.repeats,
+            device=args.device,
+            dtype=DTYPES[dtype_name],
+            on_layer=lambda i, n, what, d=dtype_name: progress(i, n, f"bench fovi {what} {d}"),
+        )
+        print(
+            f"\nfovi {fovi.__version__} vs fovi_ref on {args.device}, {dtype_name}, forward + "
+            f"backward,\nbatch {args.batch_general} (stem 16), {args.repeats} interleaved rounds"
+        )
+        print(
+            "ref ms: fovi_ref's routed backend (median); auto..gg: fovi_ref / that fovi contender"
+        )
+        print(
+            "(auto: fovi's dispatcher; below 1: fovi_ref faster); best: the fastest fovi contender;"
+        )
+        print(f"ref/best: fovi_ref / best, target <= {TARGET} (float32), '!' marks a miss\n")
+        print(format_table(rows))
+        misses = sum(r["fovi_ref / best fovi"] > TARGET for r in rows)
+        print(f"\n{len(rows) - misses} of {len(rows)} rows meet the target")
+        all_rows += [{"dtype": dtype_name, **r} for r in rows]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    record = {"fovi": fovi.__version__, "device": str(args.device), "dtype": args.dtype}
-    record |= {"repeats": args.repeats, "target": TARGET, "rows": rows}
+    record = {"fovi": fovi.__version__, "device": str(args.device), "dtypes": list(args.dtype)}
+    record |= {"repeats": args.repeats, "target": TARGET, "rows": all_rows}
     (out / "bench_fovi.json").write_text(json.dumps(record, indent=1))
     return 0
