@@ -25,11 +25,12 @@ multiply-adds, against ``B*Cin*Nout`` for an index scatter, so it only pays whil
 small: above :data:`DENSE_S_BUDGET` (per device type) ``grad_input`` takes the index path
 (``index_add_``) instead, with the same result up to summation order.
 
-**Layouts.** The gather writes ``x_rows`` directly. ``G`` and ``d`` are folded by swapping the
-two outer axes of a ``[B, C, N]`` tensor, which copies whole runs of ``N`` values (2 to 4 times
-faster than the element-wise transpose of every ``[C, N]`` block that a fold into rows needs), and
-``grad_y`` only once per backward (:meth:`GatherGemmOps.grad_y_layout`, which the autograd layer
-calls): both gradients read that one copy.
+**Layouts.** The gather writes ``x_rows`` directly. ``G`` is folded by swapping the two outer
+axes of ``grad_y [B, Cout, Nout]``, which copies whole runs of ``Nout`` values (2 to 4 times
+faster than the element-wise transpose of every ``[Cout, Nout]`` block that a fold into rows
+needs), once per backward (:meth:`GatherGemmOps.grad_y_layout`, which the autograd layer calls):
+both gradients read that one copy. The only element-wise fold left is the smallest tensor,
+``d [B*Nout, Cin]``, on its way to the scatter.
 
 **Derived data** (:func:`derive`, kept on the meta or as a layer's buffers): the gather index,
 the padding nodes, and ``S`` itself (in float32) for every graph small enough for any device's
@@ -177,10 +178,12 @@ class GatherGemmOps:
         ``(W^T grad_y) S``, or by an index scatter above the ``S`` budget."""
         data = meta.derived(NAME, derive)
         batch, c_in = grad_y.shape[0], weight.shape[1]
-        # d[b] = W^T @ grad_y[b], as ONE GEMM over the (b, n) columns, then one small copy
-        # (whole runs of Nout) into the [B, Cin, Nout] layout that the scatter along nodes wants.
-        d_cols = weight.t() @ _grad_y_columns(grad_y)  # [Cin, B*Nout]
-        d_sel = d_cols.view(c_in, batch, meta.n_out).transpose(0, 1).contiguous()  # [B, Cin, Nout]
+        # d[b] = W^T @ grad_y[b], as ONE GEMM over the (b, n) rows: [B*Nout, Cout] @ [Cout, Cin]
+        # (the columns transposed, read in place). This orientation runs 10 to 40% faster in MKL
+        # than W^T @ G with its [Cin, B*Nout] result, which pays for the fold that follows: one
+        # small copy into the [B, Cin, Nout] layout that the scatter along the node axis wants.
+        d_rows = _grad_y_columns(grad_y).t() @ weight  # [B*Nout, Cin]
+        d_sel = d_rows.view(batch, meta.n_out, c_in).transpose(1, 2).contiguous()  # [B, Cin, Nout]
         if data["padding"].numel():
             d_sel.index_fill_(2, data["padding"], 0)  # padding receives nothing
         if uses_dense_scatter(meta, grad_y.device) and data["scatter"].numel():
