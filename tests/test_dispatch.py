@@ -121,6 +121,16 @@ def test_register_use_and_unregister_a_backend():
             ),
             "derive must accept",
         ),
+        (
+            types.SimpleNamespace(
+                name="x",
+                forward=lambda m, x, w, b: x,
+                grad_input=lambda m, g, w: g,
+                grad_weight=lambda m, g, x: g,
+                grad_y_layout=lambda: None,
+            ),
+            "grad_y_layout must accept",
+        ),
     ],
 )
 def test_register_rejects_incomplete_ops(ops, message):
@@ -184,6 +194,77 @@ def test_a_backend_returning_the_wrong_shape_or_dtype_is_named():
                 torch.autograd.grad(y, (x, w), torch.ones_like(y))
         finally:
             unregister_ops("broken")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_grad_y_layout_runs_once_and_both_gradients_read_its_result(compiled):
+    """The backward lays grad_y out once (the backend's grad_y_layout) and hands that tensor to
+    grad_input, grad_weight and the bias sum; the gradients equal those without the hook."""
+    meta = random_meta(4, 4)
+    x, w, b = sample_inputs(meta)
+    grad_y = torch.randn(2, w.shape[0], meta.n_out, dtype=x.dtype)
+    general = get_ops("general")
+    calls, seen = [], []
+
+    def unusual(g):  # a layout nobody else uses
+        return g.permute(2, 1, 0).contiguous().permute(2, 1, 0)
+
+    def lay_out(g):
+        calls.append(tuple(g.shape))
+        return unusual(g)
+
+    def grad_input(m, g, w):
+        seen.append(("grad_input", g.stride()))
+        return general.grad_input(m, g, w)
+
+    def grad_weight(m, g, x):
+        seen.append(("grad_weight", g.stride()))
+        return general.grad_weight(m, g, x)
+
+    ops = types.SimpleNamespace(
+        name="laid_out",
+        derive=general.derive,
+        forward=general.forward,
+        grad_input=grad_input,
+        grad_weight=grad_weight,
+        grad_y_layout=lay_out,
+    )
+    register_ops(ops)
+    try:
+        fovi_ref.prepare(meta, "laid_out")
+        fn = lambda x, w, b: knn_conv(x, w, b, meta, backend="laid_out")  # noqa: E731
+        y = (torch.compile(fn, fullgraph=True) if compiled else fn)(x, w, b)
+        got = torch.autograd.grad(y, (x, w, b), grad_y)
+    finally:
+        unregister_ops("laid_out")
+    if not compiled:  # compiled, they run only while tracing, which a warm compile cache skips
+        strides = unusual(grad_y).stride()
+        assert calls == [tuple(grad_y.shape)]
+        assert seen == [("grad_input", strides), ("grad_weight", strides)]
+    y_ref = knn_conv(x, w, b, meta, backend="general")
+    expected = torch.autograd.grad(y_ref, (x, w, b), grad_y)
+    for a, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+def test_grad_y_layout_must_keep_shape_and_dtype():
+    meta = random_meta(4, 4)
+    x, w, b = sample_inputs(meta)
+    general = get_ops("general")
+    ops = types.SimpleNamespace(
+        name="bad_layout",
+        forward=general.forward,
+        grad_input=general.grad_input,
+        grad_weight=general.grad_weight,
+        grad_y_layout=lambda g: g[:1],
+    )
+    register_ops(ops)
+    try:
+        y = knn_conv(x, w, b, meta, backend="bad_layout")
+        with pytest.raises(RuntimeError, match="backend 'bad_layout': grad_y_layout must return"):
+            torch.autograd.grad(y, (x, w), torch.ones_like(y))
+    finally:
+        unregister_ops("bad_layout")
 
 
 def test_a_backend_returning_another_layout_is_brought_to_fovis():
