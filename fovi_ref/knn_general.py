@@ -202,24 +202,20 @@ def _grad_y_node_major(grad_y: torch.Tensor) -> torch.Tensor:
     return grad_y.permute(1, 2, 0).reshape(grad_y.shape[1], -1)
 
 
-def _z_rows(z: torch.Tensor, c_out: int) -> torch.Tensor:
-    """``z^T [Nout*B, Cin*V]``, the GEMM operand of the forward and of ``grad_weight``: a
-    transposed view, or a contiguous copy where ``Nout*B <= Cout``. There the GEMMs are bound by
-    reading the weight, and MKL runs them 2 to 3 times faster on contiguous rows (measured on a
-    2-core CPU, layer4 at batch 1); the copy is then small."""
-    z_t = z.t()  # [Nout*B, Cin*V]
-    return z_t.contiguous() if z_t.shape[0] <= c_out else z_t
+FEW_COLUMNS = 16
+"""Largest ``Nout*B`` for which :func:`_weight_t_times` transposes its GEMM."""
 
 
 def _weight_t_times(weight: torch.Tensor, grad_y_cols: torch.Tensor) -> torch.Tensor:
     """``weight^T @ grad_y_cols``: ``[Cin*V, Cout] @ [Cout, M] -> [Cin*V, M]``, contiguous.
 
-    Where ``M = Nout*B`` is at most ``Cout`` (the deep layers at small batches), MKL computes
-    this product written as ``(grad_y_cols^T @ weight)^T`` up to 10 times faster (measured on a
-    2-core CPU: 0.16 against 1.6 ms for layer4 at batch 1); the transposing copy that follows
-    is then small (``M <= Cout``). Elsewhere both take about as long, and the copy would not be.
+    Where ``M = Nout*B`` is tiny (at most :data:`FEW_COLUMNS`: layer4 up to batch 8), MKL
+    computes this product written as ``(grad_y_cols^T @ weight)^T`` 2 to 10 times faster
+    (measured on a 2-core CPU: 0.16 against 1.6 ms for layer4.0.conv2 at batch 1), and the
+    transposing copy that follows is tiny too. Elsewhere both take about as long, and the copy
+    would not be tiny.
     """
-    if grad_y_cols.shape[1] <= weight.shape[0]:
+    if grad_y_cols.shape[1] <= FEW_COLUMNS:
         return (grad_y_cols.t() @ weight).t().contiguous()
     return weight.t() @ grad_y_cols
 
@@ -243,7 +239,7 @@ class GeneralOps:
         """``x [B, Cin, Nin]``, ``weight [Cout, Cin*V]``, ``bias [Cout]`` -> ``y [B, Cout, Nout]``
         (fovi's layout)."""
         batch, c_out = x.shape[0], weight.shape[0]
-        y_rows = linear_rows(_z_rows(_binned(meta, x), c_out), weight, bias)  # [Nout*B, Cout]
+        y_rows = linear_rows(_binned(meta, x).t(), weight, bias)  # [Nout*B, Cout]: the one GEMM
         y = fovi_layout_empty(batch, c_out, meta.n_out, y_rows)  # [B, Cout, Nout]
         # Rows come out ordered (node, batch); one copy puts them in (batch, node) order.
         y.transpose(1, 2).copy_(y_rows.view(meta.n_out, batch, c_out).transpose(0, 1))
@@ -264,5 +260,4 @@ class GeneralOps:
     def grad_weight(meta: KNNMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, ``x [B, Cin, Nin]`` -> ``grad_weight [Cout, Cin*V]``."""
         # One GEMM contracting nodes and batch together: [Cout, Nout*B] @ [Nout*B, Cin*V].
-        z_rows = _z_rows(_binned(meta, x), grad_y.shape[1])  # [Nout*B, Cin*V]
-        return _grad_y_node_major(grad_y) @ z_rows  # [Cout, Cin*V]
+        return _grad_y_node_major(grad_y) @ _binned(meta, x).t()  # [Cout, Cin*V]

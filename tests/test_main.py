@@ -109,4 +109,7 @@ def test_batch_scaling_prints_a_row_per_graph_and_batch(capsys):
     lines = capsys.readouterr().out.splitlines()
     (row,) = [line for line in lines if line.startswith("layer4.0.downsample.0")]
     assert "gather_gemm" in row and len(row.split()) == 2 + 2 * 5  # ms and ratio per batch
+    (verdict,) = [line for line in lines if line.startswith("verdict: ")]
+    missed = row.count("!")
+    assert verdict.endswith(f"{5 - missed} of 5 cells meet the target")
     assert all(len(line) <= 100 for line in lines)
