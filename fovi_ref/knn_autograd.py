@@ -19,8 +19,17 @@ of the graph computing what the backend precomputes (kept on the meta: see
 :meth:`fovi_ref.KNNMeta.derived`); and ``grad_y_layout(grad_y) -> grad_y``, the same values in
 the memory layout its two gradient functions read without copying: the backward calls it once
 and hands the result to both (and to the bias), so ``grad_y`` is rearranged once, not twice.
-``grad_bias`` is ``grad_y`` summed over batch and nodes, the same for every backend, so it lives
-here.
+Optionally too, as a pair::
+
+    forward_with_operand(meta, x, weight, bias) -> (y, operand)
+    grad_weight_of_operand(meta, grad_y, operand) -> grad_w
+
+for a backend whose forward GEMM reads an ``operand`` computed from ``x`` (gathered rows, say)
+that the weight gradient's GEMM reads again: the eager door then keeps that operand for the
+backward instead of ``x``, and the weight gradient does not compute it a second time. (The
+compiled door does not: a custom op's outputs must be described by a fake implementation, which
+cannot know a backend's operand.) ``grad_bias`` is ``grad_y`` summed over batch and nodes, the
+same for every backend, so it lives here.
 
 **Two doors to one computation.** In eager mode ``knn_conv`` calls the backend through a
 ``torch.autograd.Function`` handed the meta itself: nothing is looked up, and the fixed cost per
@@ -82,7 +91,14 @@ _OPS_SIGNATURES = {
     "grad_input": ("meta", "grad_y", "weight"),
     "grad_weight": ("meta", "grad_y", "x"),
 }
-_OPTIONAL_SIGNATURES = {"supports": ("meta",), "derive": ("meta",), "grad_y_layout": ("grad_y",)}
+_OPTIONAL_SIGNATURES = {
+    "supports": ("meta",),
+    "derive": ("meta",),
+    "grad_y_layout": ("grad_y",),
+    "forward_with_operand": ("meta", "x", "weight", "bias"),
+    "grad_weight_of_operand": ("meta", "grad_y", "operand"),
+}
+_OPTIONAL_PAIR = ("forward_with_operand", "grad_weight_of_operand")
 
 
 def _check_signature(name: str, method: str, fn: Any, params: tuple[str, ...]) -> None:
@@ -102,7 +118,9 @@ def register_ops(ops: Any) -> None:
     Raises:
         TypeError: ``ops`` lacks a non-empty string ``name`` or one of ``forward``,
             ``grad_input``, ``grad_weight``; or one of them, or an optional ``supports``,
-            ``derive`` or ``grad_y_layout``, is not a function taking its arguments.
+            ``derive``, ``grad_y_layout``, ``forward_with_operand`` or
+            ``grad_weight_of_operand``, is not a function taking its arguments; or it has
+            only one of the last two.
         ValueError: a backend with that name is already registered.
     """
     name = getattr(ops, "name", None)
@@ -113,6 +131,8 @@ def register_ops(ops: Any) -> None:
     for method, params in _OPTIONAL_SIGNATURES.items():
         if hasattr(ops, method):
             _check_signature(name, method, getattr(ops, method), params)
+    if hasattr(ops, _OPTIONAL_PAIR[0]) != hasattr(ops, _OPTIONAL_PAIR[1]):
+        raise TypeError(f"ops {name!r}: {' and '.join(_OPTIONAL_PAIR)} come as a pair")
     if name in _REGISTRY:
         raise ValueError(f"an ops backend named {name!r} is already registered")
     _REGISTRY[name] = ops
@@ -298,15 +318,39 @@ def _grad_weight(ops, meta, grad_y, x):
     return _checked_grad(ops.grad_weight(meta, grad_y, x), ops, "grad_weight", x, shape)
 
 
+def _grad_weight_of_operand(ops, meta, grad_y, operand):
+    shape = (grad_y.shape[1], meta.in_channels * meta.v)
+    g = ops.grad_weight_of_operand(meta, grad_y, operand)
+    return _checked_grad(g, ops, "grad_weight_of_operand", grad_y, shape)
+
+
+def _forward_keeping_operand(ops, meta, x, weight, bias):
+    """``(y, operand)`` from the backend's ``forward_with_operand``, or an error naming it."""
+    result = ops.forward_with_operand(meta, x, weight, bias)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise RuntimeError(
+            f"backend {ops.name!r}: forward_with_operand must return a tuple (y, operand), "
+            f"got {type(result).__name__}"
+        )
+    return result
+
+
 # ------------------------------------------------------------------------------- eager: Function
 class _KNNConvFunction(torch.autograd.Function):
-    """The eager door: the backend's three functions, handed the meta itself."""
+    """The eager door: the backend's three functions, handed the meta itself. The weight
+    gradient reads ``x``, or the operand the forward kept (``forward_with_operand``)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, meta, ops):
-        ctx.save_for_backward(x, weight)
         ctx.graph = (meta, ops, bias is not None)
-        return _checked_output(ops.forward(meta, x, weight, bias), ops, x, weight, meta.n_out)
+        ctx.kept_operand = hasattr(ops, "forward_with_operand") and ctx.needs_input_grad[1]
+        if ctx.kept_operand:
+            y, operand = _forward_keeping_operand(ops, meta, x, weight, bias)
+            ctx.save_for_backward(operand, weight)
+        else:
+            y = ops.forward(meta, x, weight, bias)
+            ctx.save_for_backward(x, weight)
+        return _checked_output(y, ops, x, weight, meta.n_out)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -323,12 +367,13 @@ class _KNNConvFunction(torch.autograd.Function):
 
 def _backend_grads(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """``(grad_x, grad_weight, grad_bias)`` of the eager door, each only where needed."""
-    x, weight = ctx.saved_tensors
+    x_or_operand, weight = ctx.saved_tensors
     meta, ops, has_bias = ctx.graph
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     grad_y = _grad_y_laid_out(ops, grad_y)
     grad_x = _grad_input(ops, meta, grad_y, weight) if need_x else None
-    grad_w = _grad_weight(ops, meta, grad_y, x) if need_w else None
+    grad_weight = _grad_weight_of_operand if ctx.kept_operand else _grad_weight
+    grad_w = grad_weight(ops, meta, grad_y, x_or_operand) if need_w else None
     grad_b = _grad_bias(grad_y) if has_bias and need_b else None
     return grad_x, grad_w, grad_b
 

@@ -30,7 +30,8 @@ axes of ``grad_y [B, Cout, Nout]``, which copies whole runs of ``Nout`` values (
 faster than the element-wise transpose of every ``[Cout, Nout]`` block that a fold into rows
 needs), once per backward (:meth:`GatherGemmOps.grad_y_layout`, which the autograd layer calls):
 both gradients read that one copy. The only element-wise fold left is the smallest tensor,
-``d [B*Nout, Cin]``, on its way to the scatter.
+``d [B*Nout, Cin]``, on its way to the scatter. In eager mode the backward reads the rows the
+forward gathered (:meth:`GatherGemmOps.forward_with_operand`), so ``x`` is gathered once.
 
 **Derived data** (:func:`derive`, kept on the meta or as a layer's buffers): the gather index,
 the padding nodes, and ``S`` itself (in float32) for every graph small enough for any device's
@@ -168,9 +169,20 @@ class GatherGemmOps:
     ) -> torch.Tensor:
         """``x [B, Cin, Nin]``, ``weight [Cout, Cin]``, ``bias [Cout]`` -> ``y [B, Cout, Nout]``
         (fovi's layout)."""
+        return GatherGemmOps.forward_with_operand(meta, x, weight, bias)[0]
+
+    @staticmethod
+    def forward_with_operand(
+        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(y, x_rows)``: the forward and the gathered rows ``[B*Nout, Cin]`` its GEMM read,
+        which the weight gradient reads too (:meth:`grad_weight_of_operand`). Kept for the
+        backward instead of ``x``, they spare it a second gather and are smaller than ``x``
+        (``Nout < Nin``)."""
         x_rows = _gathered_rows(meta.derived(NAME, derive), x)  # [B*Nout, Cin]
         # One GEMM whose rows are the (b, n) pairs: its result is the storage of fovi's layout.
-        return y_from_rows(linear_rows(x_rows, weight, bias), x.shape[0], meta.n_out)
+        y = y_from_rows(linear_rows(x_rows, weight, bias), x.shape[0], meta.n_out)
+        return y, x_rows
 
     @staticmethod
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -196,6 +208,14 @@ class GatherGemmOps:
     def grad_weight(meta: KNNMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, ``x [B, Cin, Nin]`` -> ``grad_weight [Cout, Cin]``."""
         x_rows = _gathered_rows(meta.derived(NAME, derive), x)  # [B*Nout, Cin]
+        return GatherGemmOps.grad_weight_of_operand(meta, grad_y, x_rows)
+
+    @staticmethod
+    def grad_weight_of_operand(
+        meta: KNNMeta, grad_y: torch.Tensor, x_rows: torch.Tensor
+    ) -> torch.Tensor:
+        """``grad_y [B, Cout, Nout]``, the gathered ``x_rows [B*Nout, Cin]`` ->
+        ``grad_weight [Cout, Cin]``."""
         # One GEMM contracting batch and nodes together: [Cout, B*Nout] @ [B*Nout, Cin]. With
         # these operand layouts MKL does not split the contraction between threads, so the
         # result does not depend on the thread count (with a transposed [Cin, B*Nout] as the

@@ -238,12 +238,23 @@ class GeneralOps:
     ) -> torch.Tensor:
         """``x [B, Cin, Nin]``, ``weight [Cout, Cin*V]``, ``bias [Cout]`` -> ``y [B, Cout, Nout]``
         (fovi's layout)."""
+        return GeneralOps.forward_with_operand(meta, x, weight, bias)[0]
+
+    @staticmethod
+    def forward_with_operand(
+        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(y, z)``: the forward and the binned cells ``z [Cin*V, Nout*B]`` its GEMM read,
+        which the weight gradient reads too (:meth:`grad_weight_of_operand`): kept for the
+        backward instead of ``x``, they spare it binning ``x`` a second time. ``z`` is as large
+        as the features fovi's ``F.linear`` keeps for its backward."""
         batch, c_out = x.shape[0], weight.shape[0]
-        y_rows = linear_rows(_binned(meta, x).t(), weight, bias)  # [Nout*B, Cout]: the one GEMM
+        z = _binned(meta, x)  # [Cin*V, Nout*B]
+        y_rows = linear_rows(z.t(), weight, bias)  # [Nout*B, Cout]: the one GEMM
         y = fovi_layout_empty(batch, c_out, meta.n_out, y_rows)  # [B, Cout, Nout]
         # Rows come out ordered (node, batch); one copy puts them in (batch, node) order.
         y.transpose(1, 2).copy_(y_rows.view(meta.n_out, batch, c_out).transpose(0, 1))
-        return y
+        return y, z
 
     @staticmethod
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -259,5 +270,13 @@ class GeneralOps:
     @staticmethod
     def grad_weight(meta: KNNMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, ``x [B, Cin, Nin]`` -> ``grad_weight [Cout, Cin*V]``."""
+        return GeneralOps.grad_weight_of_operand(meta, grad_y, _binned(meta, x))
+
+    @staticmethod
+    def grad_weight_of_operand(
+        meta: KNNMeta, grad_y: torch.Tensor, z: torch.Tensor
+    ) -> torch.Tensor:
+        """``grad_y [B, Cout, Nout]``, the binned ``z [Cin*V, Nout*B]`` ->
+        ``grad_weight [Cout, Cin*V]``."""
         # One GEMM contracting nodes and batch together: [Cout, Nout*B] @ [Nout*B, Cin*V].
-        return _grad_y_node_major(grad_y) @ _binned(meta, x).t()  # [Cout, Cin*V]
+        return _grad_y_node_major(grad_y) @ z.t()  # [Cout, Cin*V]

@@ -247,6 +247,35 @@ def test_grad_y_layout_runs_once_and_both_gradients_read_its_result(compiled):
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
 
 
+def test_the_operand_pair_comes_whole_and_returns_a_pair():
+    general = get_ops("general")
+    half = types.SimpleNamespace(
+        name="half_pair",
+        forward=general.forward,
+        grad_input=general.grad_input,
+        grad_weight=general.grad_weight,
+        forward_with_operand=lambda meta, x, weight, bias: (
+            general.forward(meta, x, weight, bias),
+            x,
+        ),
+    )
+    with pytest.raises(TypeError, match="come as a pair"):
+        register_ops(half)
+    meta = random_meta(4, 4)
+    x, w, b = sample_inputs(meta)
+    half.name = "not_a_pair"
+    half.forward_with_operand = lambda meta, x, weight, bias: general.forward(meta, x, weight, bias)
+    half.grad_weight_of_operand = lambda meta, grad_y, operand: general.grad_weight(
+        meta, grad_y, operand
+    )
+    register_ops(half)
+    try:
+        with pytest.raises(RuntimeError, match="'not_a_pair': forward_with_operand must return"):
+            knn_conv(x, w, b, meta, backend="not_a_pair")
+    finally:
+        unregister_ops("not_a_pair")
+
+
 def test_grad_y_layout_must_keep_shape_and_dtype():
     meta = random_meta(4, 4)
     x, w, b = sample_inputs(meta)
@@ -290,13 +319,15 @@ def test_dispatcher_uses_the_routed_backend(monkeypatch):
     calls = []
     for name in ("general", "gather_gemm"):
         ops = get_ops(name)
-        original = ops.forward
+        # (the eager door runs forward_with_operand when the weight needs a gradient)
+        for method in ("forward", "forward_with_operand"):
+            original = getattr(ops, method)
 
-        def spy(meta, x, weight, bias, original=original, name=name):
-            calls.append(name)
-            return original(meta, x, weight, bias)
+            def spy(meta, x, weight, bias, original=original, name=name):
+                calls.append(name)
+                return original(meta, x, weight, bias)
 
-        monkeypatch.setattr(ops, "forward", staticmethod(spy))
+            monkeypatch.setattr(ops, method, staticmethod(spy))
     for k, v in ((1, 1), (9, 9)):
         meta = random_meta(k, v)
         knn_conv(*sample_inputs(meta), meta)

@@ -112,3 +112,24 @@ def test_forward_is_one_gather_and_one_gemm():
     y = knn_conv(x, w, b, meta)
     assert y.shape == (2, 4, meta.n_out)
     assert y.transpose(1, 2).is_contiguous()  # fovi's layout, written by the GEMM directly
+
+
+def test_eager_backward_reads_the_rows_the_forward_gathered():
+    """Through knn_conv (eager) x is gathered once: the weight gradient reads the kept rows
+    and equals, bit for bit, the backend's grad_weight that gathers again; with a frozen weight
+    nothing is kept and x is not gathered for a weight gradient at all."""
+    meta = prepare(random_meta(1, 1, n_in=40, n_out=30, padding=True), "gather_gemm")
+    x, w, b = (t.detach() for t in sample_inputs(meta, bias=True, dtype=torch.float32))
+    grad_y = torch.randn(x.shape[0], w.shape[0], meta.n_out)
+    for weight_needs_grad in (True, False):
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_(weight_needs_grad)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            y = knn_conv(xr, wr, b, meta)
+            grads = torch.autograd.grad(y, [xr, wr] if weight_needs_grad else [xr], grad_y)
+        gathers = sum(e.count for e in prof.key_averages() if e.key == "aten::index")
+        assert gathers == 1
+    laid_out = GatherGemmOps.grad_y_layout(grad_y)
+    assert torch.equal(grads[0], GatherGemmOps.grad_input(meta, laid_out, w))
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    kept = torch.autograd.grad(knn_conv(xr, wr, b, meta), wr, grad_y)[0]
+    assert torch.equal(kept, GatherGemmOps.grad_weight(meta, laid_out, x))
