@@ -72,10 +72,19 @@ class EinsumBaselineOps:
         meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """``x [B, Cin, Nin]`` -> ``y [B, Cout, Nout]`` (a transposed view, as in fovi)."""
+        return EinsumBaselineOps.forward_with_operand(meta, x, weight, bias)[0]
+
+    @staticmethod
+    def forward_with_operand(
+        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(y, features [B, Nout, Cin*V])``: fovi's autograd keeps ``F.linear``'s input for
+        the weight gradient, and so does the eager door with this pair (the same memory, and no
+        second gather and einsum in the backward)."""
         # .contiguous() as in fovi 2.4.0: the features can come out of the einsum as a strided
         # view, and F.linear then sums in another order (the last bits differ).
         features = _cell_features(meta, x).contiguous()  # [B, Nout, Cin*V]
-        return F.linear(features, weight, bias).transpose(1, 2)  # [B, Cout, Nout]
+        return F.linear(features, weight, bias).transpose(1, 2), features  # y [B, Cout, Nout]
 
     @staticmethod
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -95,5 +104,11 @@ class EinsumBaselineOps:
     @staticmethod
     def grad_weight(meta: KNNMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, ``x [B, Cin, Nin]`` -> ``grad_weight [Cout, Cin*V]``."""
-        features = _cell_features(meta, x)  # [B, Nout, Cin*V]
+        return EinsumBaselineOps.grad_weight_of_operand(meta, grad_y, _cell_features(meta, x))
+
+    @staticmethod
+    def grad_weight_of_operand(
+        meta: KNNMeta, grad_y: torch.Tensor, features: torch.Tensor
+    ) -> torch.Tensor:
+        """``grad_y [B, Cout, Nout]``, ``features [B, Nout, Cin*V]`` -> ``[Cout, Cin*V]``."""
         return torch.einsum("bon,bnf->of", grad_y, features)  # [Cout, Cin*V]
