@@ -203,7 +203,8 @@ def _grad_y_node_major(grad_y: torch.Tensor) -> torch.Tensor:
 
 
 FEW_COLUMNS = 16
-"""Largest ``Nout*B`` for which :func:`_weight_t_times` transposes its GEMM."""
+"""Largest ``Nout*B`` for which the GEMMs are arranged for a few columns: :func:`_weight_t_times`
+transposes its product, and the forward makes the binned rows contiguous."""
 
 
 def _weight_t_times(weight: torch.Tensor, grad_y_cols: torch.Tensor) -> torch.Tensor:
@@ -244,17 +245,21 @@ class GeneralOps:
     def forward_with_operand(
         meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(y, z)``: the forward and the binned cells ``z [Cin*V, Nout*B]`` its GEMM read,
-        which the weight gradient reads too (:meth:`grad_weight_of_operand`): kept for the
-        backward instead of ``x``, they spare it binning ``x`` a second time. ``z`` is as large
-        as the features fovi's ``F.linear`` keeps for its backward."""
+        """``(y, z_rows)``: the forward and the binned cells ``z_rows [Nout*B, Cin*V]`` its
+        GEMM read, which the weight gradient reads too (:meth:`grad_weight_of_operand`): kept
+        for the backward instead of ``x``, they spare it binning ``x`` a second time. They are
+        as large as the features fovi's ``F.linear`` keeps for its backward."""
         batch, c_out = x.shape[0], weight.shape[0]
-        z = _binned(meta, x)  # [Cin*V, Nout*B]
-        y_rows = linear_rows(z.t(), weight, bias)  # [Nout*B, Cout]: the one GEMM
+        z_rows = _binned(meta, x).t()  # [Nout*B, Cin*V], a transposed view
+        if z_rows.shape[0] <= FEW_COLUMNS:
+            # A few rows: both GEMMs are bound by the weight, and MKL runs them about twice as
+            # fast on contiguous rows (layer4 at batch 1); the copy is tiny.
+            z_rows = z_rows.contiguous()
+        y_rows = linear_rows(z_rows, weight, bias)  # [Nout*B, Cout]: the one GEMM
         y = fovi_layout_empty(batch, c_out, meta.n_out, y_rows)  # [B, Cout, Nout]
         # Rows come out ordered (node, batch); one copy puts them in (batch, node) order.
         y.transpose(1, 2).copy_(y_rows.view(meta.n_out, batch, c_out).transpose(0, 1))
-        return y, z
+        return y, z_rows
 
     @staticmethod
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -270,13 +275,13 @@ class GeneralOps:
     @staticmethod
     def grad_weight(meta: KNNMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, ``x [B, Cin, Nin]`` -> ``grad_weight [Cout, Cin*V]``."""
-        return GeneralOps.grad_weight_of_operand(meta, grad_y, _binned(meta, x))
+        return GeneralOps.grad_weight_of_operand(meta, grad_y, _binned(meta, x).t())
 
     @staticmethod
     def grad_weight_of_operand(
-        meta: KNNMeta, grad_y: torch.Tensor, z: torch.Tensor
+        meta: KNNMeta, grad_y: torch.Tensor, z_rows: torch.Tensor
     ) -> torch.Tensor:
-        """``grad_y [B, Cout, Nout]``, the binned ``z [Cin*V, Nout*B]`` ->
+        """``grad_y [B, Cout, Nout]``, the binned ``z_rows [Nout*B, Cin*V]`` ->
         ``grad_weight [Cout, Cin*V]``."""
         # One GEMM contracting nodes and batch together: [Cout, Nout*B] @ [Nout*B, Cin*V].
-        return _grad_y_node_major(grad_y) @ z.t()  # [Cout, Cin*V]
+        return _grad_y_node_major(grad_y) @ z_rows  # [Cout, Cin*V]
