@@ -125,15 +125,17 @@ def derive(meta: KNNMeta) -> Derived:
 def _gathered_rows(data: Derived, x: torch.Tensor) -> torch.Tensor:
     """``x_rows [B*Nout, Cin]``: row ``b*Nout + n`` holds ``x[b, :, idx[n]]`` (0 for padding).
 
-    Indexing the node axis of the ``[B, Nin, Cin]`` view writes the rows directly, contiguous,
-    in one pass (on a 2-core CPU as fast as ``torch.gather`` plus a fold copy, and 2 to 5 times
-    faster than ``index_select`` on that view).
+    Indexing the node axis of the ``[B, Nin, Cin]`` view writes the rows directly in one pass
+    (on a 2-core CPU as fast as ``torch.gather`` plus a fold copy, and 2 to 5 times faster than
+    ``index_select`` on that view). The result follows the layout of ``x``: contiguous for a
+    contiguous ``x`` or one in fovi's layout, so the final reshape is then a view; for other
+    layouts (a batch-minor ``x``, say) it copies once.
     """
     index, padding = data["index"], data["padding"]
-    x_rows = x.transpose(1, 2)[:, index]  # [B, Nout, Cin], contiguous
+    x_rows = x.transpose(1, 2)[:, index]  # [B, Nout, Cin]
     if padding.numel():
         x_rows.index_fill_(1, padding, 0)  # exact zeros, even if x holds inf or nan
-    return x_rows.view(-1, x.shape[1])  # [B*Nout, Cin]
+    return x_rows.reshape(-1, x.shape[1])  # [B*Nout, Cin]
 
 
 def _grad_y_columns(grad_y: torch.Tensor) -> torch.Tensor:

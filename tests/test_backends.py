@@ -195,17 +195,31 @@ def test_batch_sizes_zero_and_one(k, v, device):
                 torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
 
 
+def _x_in_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """The values of ``x [B, Cin, Nin]`` in another memory layout (never contiguous)."""
+    if layout == "node-major":  # fovi's: storage [B, Nin, Cin]
+        return x.transpose(1, 2).contiguous().transpose(1, 2)
+    if layout == "batch-minor":  # storage [Cin, Nin, B]
+        return x.permute(1, 2, 0).contiguous().permute(2, 0, 1)
+    wide = torch.zeros(*x.shape[:2], 2 * x.shape[2], dtype=x.dtype, device=x.device)
+    wide[:, :, ::2] = x
+    return wide[:, :, ::2]  # every other node of a wider tensor
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k,v", [(1, 1), (9, 9)])
-def test_non_contiguous_operands(k, v, device):
-    """Transposed x, weight and grad_y give the same results as contiguous ones."""
+@pytest.mark.parametrize("layout", ["node-major", "batch-minor", "strided nodes"])
+def test_non_contiguous_operands(k, v, layout, device):
+    """x in other layouts, a transposed weight and grad_y give the same results as contiguous
+    ones."""
     meta = random_meta(k, v, device=device)
     x, w, b = sample_inputs(meta, batch=3)
     grad_y = torch.randn(3, 4, meta.n_out, dtype=torch.float64, device=device)
-    x_t = x.detach().transpose(1, 2).contiguous().transpose(1, 2)  # [B, Cin, Nin], strided
+    x_t = _x_in_layout(x.detach(), layout)  # [B, Cin, Nin], strided
     w_t = w.detach().t().contiguous().t()  # [Cout, Cin*V], column-major
     g_t = grad_y.transpose(0, 2).contiguous().transpose(0, 2)
     assert not (x_t.is_contiguous() or w_t.is_contiguous() or g_t.is_contiguous())
+    assert torch.equal(x_t, x.detach())
     for backend in backends_for(meta):
         got = forward_and_grads(x_t, w_t, b, meta, g_t, backend)
         expected = forward_and_grads(x, w, b, meta, grad_y, backend)
