@@ -1,17 +1,18 @@
-"""Pin the KNN graphs of fovi 2.4.0's KNNResNet-18 for tests that run without fovi.
+"""Pin the KNN graphs of fovi 2.4.0's KNNResNet-18, for tests and notebooks that run without fovi.
 
-Builds fovi's own ``KNNResNet(device="cpu", ...)`` for each setting in :data:`SETTINGS`, reads every
-``KNNConvLayer``'s ``knn_indices_pad_token [K, Nout]`` (padding = ``Nin``) and ``local_rf [Nout,
-K, V]`` (one-hot; its argmax is ``rf_index [Nout, K]``), and writes their fingerprints
-(:mod:`fovi_ref.geometry.digest`: sha256 of each tensor, one hex digit per node) with the shapes
-to ``tests/data/fovi_2.4.0_graphs.json``. ``tests/test_geometry.py`` rebuilds the same graphs with
-:func:`fovi_ref.geometry.resnet18_layers` and compares.
+Builds fovi's own ``KNNResNet(device="cpu", ...)`` for each setting in
+:data:`fovi_ref.geometry.pinned.PINNED_SETTINGS`, reads every ``KNNConvLayer``'s
+``knn_indices_pad_token [K, Nout]`` (padding = ``Nin``) and ``local_rf [Nout, K, V]`` (one-hot;
+its argmax is ``rf_index [Nout, K]``), and writes the tensors with the machine's description to
+``fovi_ref/geometry/data/fovi_2.4.0_graphs.npz`` (read by :mod:`fovi_ref.geometry.pinned`).
+fovi's graphs depend on the machine (:mod:`fovi_ref.geometry.certificate`): the tests compare the
+determined nodes only. ``tests/data/fovi_2.4.0_graphs.json`` holds the digests an earlier
+version of this script wrote on another machine (an AMD EPYC), kept as a second witness.
 
 Regenerate (from the repository root, in an environment with fovi_ref installed)::
 
-    pip install --no-deps fovi==2.4.0
-    pip install einops scipy scikit-image lazy_loader trimesh   # what fovi.arch/.sensing import
-    python scripts/pin_fovi_graphs.py            # writes the JSON, prints the agreement table
+    pip install --no-deps -r scripts/fovi-requirements.txt
+    python scripts/pin_fovi_graphs.py            # writes the archive, prints the agreement table
     python scripts/pin_fovi_graphs.py --check    # only compares fovi with fovi_ref, writes nothing
 
 fovi's ``fovi.models`` package refuses to import without its model-zoo extras (timm, hydra, ...),
@@ -35,18 +36,10 @@ import scipy
 import torch
 
 from fovi_ref.geometry import resnet18_layers
-from fovi_ref.geometry.digest import node_agreement, node_digits, tensor_sha256
+from fovi_ref.geometry.digest import node_agreement, node_digits
+from fovi_ref.geometry.pinned import PINNED_FILE, PINNED_SETTINGS
 
 FOVI_VERSION = "2.4.0"
-OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / f"fovi_{FOVI_VERSION}_graphs.json"
-
-SETTINGS = {
-    "default": {"in_res": 64, "fov": 16, "cmf_a": 0.5, "field_geometry": "planar"},
-    "legacy": {"in_res": 64, "fov": 16, "cmf_a": 0.5, "field_geometry": "legacy"},
-    "res80_fov20_a1": {"in_res": 80, "fov": 20, "cmf_a": 1.0, "field_geometry": "planar"},
-    "res72_fov12_a0.3_legacy": {"in_res": 72, "fov": 12, "cmf_a": 0.3, "field_geometry": "legacy"},
-}
-"""Keyword arguments shared by ``fovi.models.knnresnet.KNNResNet`` and ``resnet18_layers``."""
 
 
 def knnresnet_module() -> types.ModuleType:
@@ -78,20 +71,6 @@ def fovi_graphs(setting: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor, ob
     return graphs
 
 
-def layer_record(knn: torch.Tensor, rf_index: torch.Tensor, layer) -> dict:
-    return {
-        "in_channels": layer.in_channels,
-        "out_channels": layer.out_channels,
-        "k": int(knn.shape[0]),
-        "v": int(layer.local_rf.shape[2]),
-        "n_in": int(layer.knn_pad_token_val),
-        "n_out": int(knn.shape[1]),
-        "knn_sha256": tensor_sha256(knn),
-        "rf_index_sha256": tensor_sha256(rf_index),
-        "node_digits": node_digits(knn, rf_index),
-    }
-
-
 def agreement_rows(name: str, setting: dict, graphs: dict) -> list[str]:
     """One line per layer: nodes with the same (neighbour, cell) set, equal knn/rf_index entries."""
     ours = resnet18_layers(**setting)
@@ -117,6 +96,16 @@ def agreement_rows(name: str, setting: dict, graphs: dict) -> list[str]:
     return rows
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux), else the platform's processor string."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="compare only; write nothing")
@@ -124,36 +113,35 @@ def main() -> None:
 
     import fovi
 
-    pinned = {
-        "fovi_version": fovi.__version__,
-        "generated_by": "scripts/pin_fovi_graphs.py",
+    environment = {
+        "fovi": fovi.__version__,
         "fovi_call": "fovi.models.knnresnet.KNNResNet(device='cpu', **kwargs)",
-        "tensors": (
-            "knn = layer.knn_indices_pad_token [K, Nout] (padding = n_in); "
-            "rf_index = layer.local_rf.argmax(-1) [Nout, K]; "
-            "digests as in fovi_ref.geometry.digest"
-        ),
-        "environment": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-            "scipy": scipy.__version__,
-            "machine": platform.machine(),
-            "system": platform.system(),
-        },
-        "settings": {},
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "threads": str(torch.get_num_threads()),
     }
-    for name, setting in SETTINGS.items():
+    arrays = {"environment": np.array(json.dumps(environment))}
+    for name, setting in PINNED_SETTINGS.items():
         graphs = fovi_graphs(setting)
         print("\n".join(agreement_rows(name, setting, graphs)), flush=True)
-        pinned["settings"][name] = {
-            "kwargs": setting,
-            "layers": {path: layer_record(*entry) for path, entry in graphs.items()},
-        }
+        layers, stored = [], {}  # stored: graph bytes -> the layer that holds them
+        for path, (knn, rf_index, layer) in graphs.items():
+            key = knn.numpy().tobytes() + rf_index.numpy().tobytes()
+            holder = stored.setdefault(key, path)  # layers sharing a graph store it once
+            n_in, v = int(layer.knn_pad_token_val), layer.local_rf.shape[2]
+            layers.append([path, layer.in_channels, n_in, v, holder])
+            if holder == path:
+                arrays[f"{name}/{path}/knn"] = knn.numpy().astype(np.int16)
+                arrays[f"{name}/{path}/rf_index"] = rf_index.numpy().astype(np.int8)
+        arrays[f"{name}/layers"] = np.array(json.dumps(layers))
     if not args.check:
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        OUT.write_text(json.dumps(pinned, indent=1) + "\n")
-        print(f"wrote {OUT}")
+        PINNED_FILE.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(PINNED_FILE, **arrays)
+        print(f"wrote {PINNED_FILE}")
 
 
 if __name__ == "__main__":

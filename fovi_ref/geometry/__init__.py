@@ -25,7 +25,15 @@ node reads (``knn [K, Nout]``) and which of the ``V`` kernel cells each of them 
 
 :mod:`.graph` chains these for one layer; :mod:`.resnet18` lists the 20 convolutions of the
 network; :mod:`.stats` summarises a graph; :mod:`.plot` draws one; :mod:`.digest` fingerprints
-one, so graphs can be pinned in a file and compared with fovi's without installing fovi.
+one.
+
+**Machines differ.** fovi builds in float32, and another CPU, MKL code path or thread count rounds
+its distances differently, so a near-tie can go the other way: fovi's graphs depend on the
+machine. :mod:`.certificate` says, per node, whether every machine builds it alike
+(*determined*) or not (a *tie*); :mod:`.pinned` ships fovi 2.4.0's graphs as built on one
+machine, for anything that must come out the same everywhere; and :mod:`.exact`
+(``arithmetic="exact"``) builds graphs that are the same on every machine, the construction we
+would propose to fovi.
 
 **Which fovi.** By default the graphs are those of fovi 2.4.0, the release on PyPI:
 ``resnet18_layers()`` equals, tensor for tensor, the ``knn_indices_pad_token`` and
@@ -47,7 +55,8 @@ The two versions share the neighbour and cell code and differ in the samplings:
 
 Both change only which of two (nearly) equally distant candidates wins, but such ties are common
 on these symmetric rings and float32 rounding decides them: the float dtypes and the order of
-operations here follow fovi's, so the graphs are identical to fovi's, not merely similar.
+operations here follow fovi's, so the graphs are identical to those fovi builds on the same
+machine, not merely similar.
 
 Built records are cached (building all 20 takes about a second on one core); treat their tensors as
 read-only, and call :func:`clear_caches` to force a rebuild.
@@ -55,8 +64,11 @@ read-only, and call :func:`clear_caches` to force a rebuild.
 
 from __future__ import annotations
 
+from fovi_ref.geometry.certificate import TieCertificate, tie_certificate
+from fovi_ref.geometry.exact import AmbiguousGraphError
 from fovi_ref.geometry.graph import LayerGraph, _graph_tensors, layer_graph
 from fovi_ref.geometry.manifold import FIELD_GEOMETRIES, z_table
+from fovi_ref.geometry.pinned import PINNED_SETTINGS, pinned_environment, pinned_graphs
 from fovi_ref.geometry.plot import plot_neighbourhood, plot_sampling
 from fovi_ref.geometry.resnet18 import (
     RES18_DOWNSAMPLES,
@@ -68,6 +80,7 @@ from fovi_ref.geometry.resnet18 import (
     resnet18_plan,
 )
 from fovi_ref.geometry.sampling import (
+    ARITHMETICS,
     DEFAULT_FOVI_VERSION,
     FOVI_VERSIONS,
     FoveatedSampling,
@@ -77,24 +90,31 @@ from fovi_ref.geometry.sampling import (
 from fovi_ref.geometry.stats import GraphStats, graph_stats
 
 __all__ = [
+    "ARITHMETICS",
     "DEFAULT_FOVI_VERSION",
     "FIELD_GEOMETRIES",
     "FOVI_VERSIONS",
+    "PINNED_SETTINGS",
     "RES18_DOWNSAMPLES",
+    "AmbiguousGraphError",
     "ConvSpec",
     "FoveatedSampling",
     "GraphStats",
     "LayerGraph",
+    "TieCertificate",
     "UnknownLayerError",
     "clear_caches",
     "foveated_sampling",
     "get_layer",
     "graph_stats",
     "layer_graph",
+    "pinned_environment",
+    "pinned_graphs",
     "plot_neighbourhood",
     "plot_sampling",
     "resnet18_layers",
     "resnet18_plan",
+    "tie_certificate",
 ]
 
 

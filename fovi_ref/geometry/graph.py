@@ -8,7 +8,8 @@ plus what is needed to look at it (:class:`LayerGraph`).
 
 ``fovi_version`` and ``field_geometry`` choose whose arithmetic and which cortical surface build
 the samplings (:mod:`~fovi_ref.geometry.sampling`, :mod:`~fovi_ref.geometry.manifold`); the
-neighbour and cell steps are the same in every version.
+neighbour and cell steps are the same in every version. ``arithmetic="exact"`` replaces fovi's
+float32 steps by the machine-independent ones of :mod:`~fovi_ref.geometry.exact`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fovi_ref.geometry.cells import (
     normalise_frame,
     reference_grid,
 )
+from fovi_ref.geometry.exact import exact_cells, exact_frame, exact_neighbours
 from fovi_ref.geometry.neighbours import nearest_neighbours
 from fovi_ref.geometry.sampling import (
     DEFAULT_FOVI_VERSION,
@@ -48,18 +50,21 @@ class LayerGraph:
         meta: the graph (``knn [K, Nout]``, ``rf_index [Nout, K]``, ``n_in``, ``v``, ...).
         in_channels, out_channels: ``Cin``, ``Cout``.
         in_res, out_res: rings of the input and output samplings (``out_res = in_res // stride``).
-        fovi_version: whose sampling arithmetic built it (``"2.4.0"`` or ``"bf792c2"``).
+        fov, cmf_a: the samplings' field of view (degrees) and ``a`` of ``M(r) = k / (r + a)``.
+        fovi_version: whose sampling formulas built it (``"2.4.0"`` or ``"bf792c2"``).
         field_geometry: the cortical surface distances were measured on (``"planar"`` or
             ``"legacy"``).
-        in_coords: ``[Nin, 2]`` float32 visual coordinates of the inputs (unit disk = field of
-            view).
+        arithmetic: ``"fovi"`` (fovi's float32 steps) or ``"exact"`` (:mod:`.exact`).
+        in_coords: ``[Nin, 2]`` visual coordinates of the inputs (unit disk = field of view).
         out_coords: ``[Nout, 2]`` same, for the outputs.
         in_pad_coords: ``[P, 2]`` the input sampling's pad coordinates (outside the unit disk).
         raw_knn: ``[K, Nout]`` int64 neighbours before padding is collapsed: index into
             ``cat(in_coords, in_pad_coords)``, so ``raw_knn - Nin`` says *which* pad coordinate.
-        frame: ``[K, Nout, 2]`` float32 neighbour positions in each node's normalised frame,
-            the positions that were matched to the grid.
+        frame: ``[K, Nout, 2]`` neighbour positions in each node's normalised frame, the
+            positions that were matched to the grid.
         ref_grid: ``[V, 2]`` float32 reference-grid cell centres.
+
+    Coordinates and ``frame`` are float32 with ``arithmetic="fovi"``, float64 with ``"exact"``.
     """
 
     name: str
@@ -68,8 +73,11 @@ class LayerGraph:
     out_channels: int
     in_res: int
     out_res: int
+    fov: float
+    cmf_a: float
     fovi_version: str
     field_geometry: str
+    arithmetic: str
     in_coords: torch.Tensor
     out_coords: torch.Tensor
     in_pad_coords: torch.Tensor
@@ -100,7 +108,7 @@ class LayerGraph:
         )
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=128)
 def _graph_tensors(
     in_res: int,
     out_res: int,
@@ -109,10 +117,16 @@ def _graph_tensors(
     cmf_a: float,
     field_geometry: str,
     fovi_version: str,
+    arithmetic: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(raw_knn, knn, rf_index, frame, ref_grid)`` for one (samplings, k); shared by layers."""
-    inputs = foveated_sampling(in_res, fov, cmf_a, field_geometry, fovi_version)
-    outputs = foveated_sampling(out_res, fov, cmf_a, field_geometry, fovi_version)
+    inputs = foveated_sampling(in_res, fov, cmf_a, field_geometry, fovi_version, arithmetic)
+    outputs = foveated_sampling(out_res, fov, cmf_a, field_geometry, fovi_version, arithmetic)
+    if arithmetic == "exact":
+        raw, knn = exact_neighbours(inputs, outputs, k)  # [K, Nout] each
+        grid = reference_grid(grid_side(raw.shape[0]))  # [V, 2]
+        frame = exact_frame(inputs, outputs, raw)  # [K, Nout, 2] float64
+        return raw, knn, exact_cells(frame, grid), frame, grid
     raw, knn = nearest_neighbours(inputs, outputs, k)  # [K, Nout] each
     grid = reference_grid(grid_side(raw.shape[0]))  # [V, 2]
     frame = normalise_frame(local_frame(inputs, outputs, raw))  # [K, Nout, 2]
@@ -132,21 +146,26 @@ def layer_graph(
     cmf_a: float,
     field_geometry: str | None = None,
     fovi_version: str = DEFAULT_FOVI_VERSION,
+    arithmetic: str = "fovi",
 ) -> LayerGraph:
     """Build the graph of a KNN convolution from ``in_res`` rings to ``out_res`` rings.
 
     ``k`` is the requested neighbour count; the graph has ``K = min(k, Nin)`` and
     ``V = ceil(sqrt(K))^2``. ``fovi_version`` (``"2.4.0"`` or ``"bf792c2"``) selects the
-    sampling arithmetic and ``field_geometry`` the cortical surface (None: the version's
-    default, ``"planar"`` for 2.4.0). The geometric part is cached per argument tuple.
+    sampling formulas and ``field_geometry`` the cortical surface (None: the version's
+    default, ``"planar"`` for 2.4.0); ``arithmetic`` is ``"fovi"`` (fovi's float32 steps, whose
+    near-ties depend on the machine) or ``"exact"`` (the same on every machine, see
+    :mod:`~fovi_ref.geometry.exact`). The geometric part is cached per argument tuple.
     """
-    check_sampling_params(fov, cmf_a, fovi_version=fovi_version, field_geometry=field_geometry)
+    check_sampling_params(
+        fov, cmf_a, fovi_version=fovi_version, field_geometry=field_geometry, arithmetic=arithmetic
+    )
     geometry = resolve_field_geometry(fovi_version, field_geometry)
     raw, knn, rf_index, frame, grid = _graph_tensors(
-        in_res, out_res, k, fov, cmf_a, geometry, fovi_version
+        in_res, out_res, k, fov, cmf_a, geometry, fovi_version, arithmetic
     )
-    inputs = foveated_sampling(in_res, fov, cmf_a, geometry, fovi_version)
-    outputs = foveated_sampling(out_res, fov, cmf_a, geometry, fovi_version)
+    inputs = foveated_sampling(in_res, fov, cmf_a, geometry, fovi_version, arithmetic)
+    outputs = foveated_sampling(out_res, fov, cmf_a, geometry, fovi_version, arithmetic)
     meta = KNNMeta.from_knn(
         knn, rf_index, n_in=inputs.n, in_channels=in_channels, v=int(grid.shape[0])
     )
@@ -157,8 +176,11 @@ def layer_graph(
         out_channels=out_channels,
         in_res=in_res,
         out_res=out_res,
+        fov=fov,
+        cmf_a=cmf_a,
         fovi_version=fovi_version,
         field_geometry=geometry,
+        arithmetic=arithmetic,
         in_coords=inputs.cartesian,
         out_coords=outputs.cartesian,
         in_pad_coords=inputs.pad_cartesian,

@@ -138,7 +138,11 @@ def check_field_geometry(field_geometry: str) -> None:
 
 
 def cortical_coords(
-    xy: np.ndarray, fov: float, cmf_a: float, field_geometry: str = "planar"
+    xy: np.ndarray,
+    fov: float,
+    cmf_a: float,
+    field_geometry: str = "planar",
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Map visual-field points to the cortical surface.
 
@@ -148,10 +152,10 @@ def cortical_coords(
             (float32 or float64) is the precision of the mapping.
         fov: field-of-view diameter in degrees. cmf_a: ``a`` of the magnification function.
         field_geometry: ``"planar"`` or ``"legacy"`` (see the module docstring).
+        dtype: of the result; float32 as fovi stores it, float64 for the exact construction.
 
     Returns:
-        ``[N, 3]`` float32 cortical cartesian coordinates ``(rho cos theta, rho sin theta, z)``
-        in mm.
+        ``[N, 3]`` cortical cartesian coordinates ``(rho cos theta, rho sin theta, z)`` in mm.
 
     Raises:
         ValueError: for an unknown ``field_geometry``, a point beyond the tabulated legacy
@@ -178,4 +182,4 @@ def cortical_coords(
             f"the cortical surface is undefined for fov={fov}, cmf_a={cmf_a} "
             "(non-finite coordinates); use a smaller fov"
         )
-    return torch.from_numpy(xyz).to(torch.float32)
+    return torch.from_numpy(xyz).to(dtype)

@@ -94,12 +94,23 @@ def resnet18_plan(in_res: int = 64) -> list[ConvSpec]:
 
 
 def _check_resnet18_params(
-    in_res: int, fov: float, cmf_a: float, style: str, fovi_version: str, field_geometry: str | None
+    in_res: int,
+    fov: float,
+    cmf_a: float,
+    style: str,
+    fovi_version: str,
+    field_geometry: str | None,
+    arithmetic: str,
 ) -> None:
     if isinstance(in_res, bool) or not isinstance(in_res, int) or in_res < 1:
         raise ValueError(f"in_res must be an int >= 1, got {in_res!r}")
     check_sampling_params(
-        fov, cmf_a, style, fovi_version=fovi_version, field_geometry=field_geometry
+        fov,
+        cmf_a,
+        style,
+        fovi_version=fovi_version,
+        field_geometry=field_geometry,
+        arithmetic=arithmetic,
     )
     smallest = in_res // 2**5  # stem, pool and three strided stages each halve the rings
     if smallest < 2:
@@ -109,9 +120,9 @@ def _check_resnet18_params(
         )
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=16)
 def _cached_layers(
-    in_res: int, fov: float, cmf_a: float, field_geometry: str, fovi_version: str
+    in_res: int, fov: float, cmf_a: float, field_geometry: str, fovi_version: str, arithmetic: str
 ) -> tuple[tuple[str, LayerGraph], ...]:
     return tuple(
         (
@@ -127,6 +138,7 @@ def _cached_layers(
                 cmf_a=cmf_a,
                 field_geometry=field_geometry,
                 fovi_version=fovi_version,
+                arithmetic=arithmetic,
             ),
         )
         for spec in resnet18_plan(in_res)
@@ -140,10 +152,15 @@ def resnet18_layers(
     style: str = "isotropic",
     field_geometry: str | None = None,
     fovi_version: str = DEFAULT_FOVI_VERSION,
+    arithmetic: str = "fovi",
 ) -> dict[str, LayerGraph]:
     """The graphs of all 20 KNN convolutions of fovi's KNNResNet-18, in module order.
 
-    With the defaults these are the graphs of fovi 2.4.0's ``KNNResNet(device="cpu")``.
+    With the defaults these are the graphs of fovi 2.4.0's ``KNNResNet(device="cpu")`` as fovi
+    builds them *on this machine*: near-ties of fovi's float32 distances go whichever way this
+    machine's arithmetic sends them (:mod:`~fovi_ref.geometry.certificate` lists them).
+    ``arithmetic="exact"`` gives graphs that are the same on every machine
+    (:mod:`~fovi_ref.geometry.exact`).
 
     Args:
         in_res: rings of the input sampling (fovi's default 64 gives 5977 input points).
@@ -154,6 +171,8 @@ def resnet18_layers(
             has no other).
         fovi_version: ``"2.4.0"`` (default, the release on PyPI) or ``"bf792c2"`` (the GitHub
             commit whose float64 sampling angles this package first reproduced).
+        arithmetic: ``"fovi"`` (default: fovi's float32 steps) or ``"exact"`` (float64
+            distances, ties by index; fovi 2.4.0's formulas only).
 
     Returns:
         A new dict ``{module path: LayerGraph}`` each call; the records themselves are cached.
@@ -161,11 +180,13 @@ def resnet18_layers(
     Raises:
         ValueError: naming the argument, for ``in_res < 64`` (too few rings for layer4),
             ``fov <= 0``, ``cmf_a <= 0``, an unknown ``style``, ``fovi_version`` or
-            ``field_geometry``, or a ``field_geometry`` the version does not have.
+            ``field_geometry``, or a ``field_geometry`` the version does not have, or an unknown
+            ``arithmetic``; :class:`~fovi_ref.geometry.exact.AmbiguousGraphError` (a
+            ``ValueError``) where the exact construction cannot decide a tie for certain.
     """
-    _check_resnet18_params(in_res, fov, cmf_a, style, fovi_version, field_geometry)
+    _check_resnet18_params(in_res, fov, cmf_a, style, fovi_version, field_geometry, arithmetic)
     geometry = resolve_field_geometry(fovi_version, field_geometry)
-    return dict(_cached_layers(in_res, fov, cmf_a, geometry, fovi_version))
+    return dict(_cached_layers(in_res, fov, cmf_a, geometry, fovi_version, arithmetic))
 
 
 class UnknownLayerError(KeyError):

@@ -39,6 +39,15 @@ Radii are float32 in both versions handled here (``torch.linspace``/``torch.exp`
 The cortical map that follows (:mod:`.manifold`) receives the float32 points (2.4.0) or the
 float64 ones (bf792c2) and the float32 pad points.
 
+**Exact arithmetic** (``arithmetic="exact"``, 2.4.0's formulas only). fovi's float32 points
+differ between machines by a few ulps (vectorised ``cos``/``exp`` kernels differ), and fovi's
+float32 distances more (:mod:`.certificate`). The exact construction (:mod:`.exact`) therefore
+starts from float64 points: radii, angles, points, pad rings and the cortical map all in float64,
+every count (points per ring, pad radii, pad angles) from the same formulas in float64. A count
+is a ``ceil`` of a ratio; :func:`_certain_ceil` refuses a ratio within ``1e-9`` (relative) of an
+integer, where an ulp could change it, so the counts are the same on every machine (and, for
+every setting tested, equal fovi's float32 counts).
+
 fovi computes a point at a time (0-d tensors); here each ring is one vectorised call. The results
 are the same floats, since these elementwise functions compute every lane alike; for 2.4.0 this
 was checked bitwise against fovi's ``SamplingCoords`` (points, pads and both cortical maps) for
@@ -57,6 +66,7 @@ import torch
 from fovi_ref.geometry.manifold import FIELD_GEOMETRIES, check_field_geometry, cortical_coords
 
 __all__ = [
+    "ARITHMETICS",
     "DEFAULT_FOVI_VERSION",
     "FOVI_VERSIONS",
     "STYLES",
@@ -76,6 +86,11 @@ FOVI_VERSIONS = ("2.4.0", "bf792c2")
 commit the first version of this package was checked against."""
 
 DEFAULT_FOVI_VERSION = "2.4.0"
+
+ARITHMETICS = ("fovi", "exact")
+"""How a graph is computed: ``"fovi"`` reproduces fovi's float32 arithmetic (and so its
+machine-dependent near-ties); ``"exact"`` is the machine-independent construction of
+:mod:`.exact`."""
 
 _VERSION_GEOMETRIES = {"2.4.0": FIELD_GEOMETRIES, "bf792c2": ("legacy",)}
 """Cortical surfaces each version has; the first is its default (bf792c2 predates "planar")."""
@@ -112,11 +127,13 @@ def check_sampling_params(
     res: int | None = None,
     fovi_version: str = DEFAULT_FOVI_VERSION,
     field_geometry: str | None = None,
+    arithmetic: str = "fovi",
 ) -> None:
     """Raise ``ValueError`` naming the first bad argument.
 
     Checked in order: ``style, res, fov, cmf_a``, then ``fovi_version`` and ``field_geometry``
-    (:func:`resolve_field_geometry`). ``res`` (rings) is checked only when given; a sampling
+    (:func:`resolve_field_geometry`), then ``arithmetic`` (``"exact"`` needs fovi 2.4.0).
+    ``res`` (rings) is checked only when given; a sampling
     needs ``res >= 2`` (one ring and the fixation point, which also fixes the pad ring's
     spacing).
     """
@@ -129,6 +146,13 @@ def check_sampling_params(
         if not (is_number and value > 0 and math.isfinite(value)):
             raise ValueError(f"{arg} ({what}) must be a finite number > 0, got {value!r}")
     resolve_field_geometry(fovi_version, field_geometry)
+    if arithmetic not in ARITHMETICS:
+        raise ValueError(f"arithmetic={arithmetic!r} is not supported; supported: {ARITHMETICS}")
+    if arithmetic == "exact" and fovi_version != "2.4.0":
+        raise ValueError(
+            f"arithmetic='exact' follows fovi 2.4.0's formulas, not fovi_version={fovi_version!r}"
+            " (use field_geometry='legacy' for the bf792c2 surface)"
+        )
 
 
 def strided_res(res: int, stride: int) -> int:
@@ -139,23 +163,41 @@ def strided_res(res: int, stride: int) -> int:
     return out
 
 
-def ring_radii(res: int, fov: float, cmf_a: float) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """Ring radii and points per ring (see the module docstring); the same in both versions.
+def _certain_ceil(ratio: float, what: str) -> int:
+    """``ceil(ratio)``, refusing a ratio so close to an integer that an ulp could change it."""
+    nearest = round(ratio)
+    if abs(ratio - nearest) <= 1e-9 * max(1.0, abs(ratio)):
+        raise ValueError(
+            f"exact arithmetic: the {what} ceil({ratio!r}) lies within 1e-9 of an integer, so "
+            "rounding could change it between machines; choose other fov/cmf_a"
+        )
+    return math.ceil(ratio)
+
+
+def ring_radii(
+    res: int, fov: float, cmf_a: float, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """Ring radii and points per ring (see the module docstring).
+
+    ``dtype=float32`` is fovi's arithmetic (both versions); ``float64`` is the exact
+    construction's, whose counts are certain (:func:`_certain_ceil`).
 
     Returns:
-        ``radii [res]`` float32, normalised so the last ring is at 1, and ``counts`` (``res``
+        ``radii [res]`` in ``dtype``, normalised so the last ring is at 1, and ``counts`` (``res``
         ints, ``counts[0] == 1``).
     """
     w_lo = np.log(cmf_a)
     w_hi = np.log(fov / 2 + cmf_a)
     dw = (w_hi - w_lo) / (res - 1)
-    w = torch.linspace(w_lo, w_hi + dw, steps=res + 1)  # [res+1] float32
+    w = torch.linspace(w_lo, w_hi + dw, steps=res + 1, dtype=dtype)  # [res+1]
     r = torch.exp(w) - cmf_a  # [res+1] degrees
     counts = [1]
     for i in range(1, res):
-        spacing = ((r[i] - r[i - 1]) + (r[i + 1] - r[i])) / 2  # float32
-        circumference = 2 * math.pi * r[i]  # float32
-        counts.append(math.ceil(float(circumference) / float(spacing)))
+        spacing = ((r[i] - r[i - 1]) + (r[i + 1] - r[i])) / 2  # dtype
+        circumference = 2 * math.pi * r[i]  # dtype
+        ratio = float(circumference) / float(spacing)
+        exact = dtype == torch.float64
+        counts.append(_certain_ceil(ratio, f"points on ring {i}") if exact else math.ceil(ratio))
     radii = r[:res] / (fov / 2)  # [res]
     return radii, tuple(counts)
 
@@ -205,20 +247,46 @@ def _pad_points_bf792c2(radii: torch.Tensor) -> torch.Tensor:
     return torch.stack([x.reshape(-1), y.reshape(-1)], dim=1)  # [R*A, 2], ring by ring
 
 
+# ------------------------------------------------------------------ exact: float64 throughout
+def _ring_points_exact(radii: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
+    """Exact arithmetic: ``[N, 2]`` float64 ring points from float64 angles ``j * (2 pi / n)``."""
+    angles = torch.cat(
+        [torch.arange(n, dtype=torch.float64) * (2 * math.pi / n) for n in counts]
+    )  # [N] float64
+    radius = torch.repeat_interleave(radii, torch.tensor(counts))  # [N] float64
+    return torch.stack([radius * torch.cos(angles), radius * torch.sin(angles)], dim=1)
+
+
+def _pad_points_exact(radii: torch.Tensor) -> torch.Tensor:
+    """Exact arithmetic: ``[P, 2]`` float64 pad coordinates, counts certain."""
+    step = float(radii[-1] - radii[-2])
+    start = float(radii[-1]) + step
+    n_radii = _certain_ceil(_PAD_DEPTH / step, "pad-ring count")
+    n_angles = _certain_ceil(2 * math.pi / step, "pad-angle count")
+    pad_radii = start + step * torch.arange(n_radii, dtype=torch.float64)  # [R]
+    angles = step * torch.arange(n_angles, dtype=torch.float64)  # [A]
+    x = pad_radii[:, None] * torch.cos(angles)[None, :]  # [R, A]
+    y = pad_radii[:, None] * torch.sin(angles)[None, :]
+    return torch.stack([x.reshape(-1), y.reshape(-1)], dim=1)  # [R*A, 2], ring by ring
+
+
 @dataclass(frozen=True, eq=False)
 class FoveatedSampling:
     """One foveated sampling and its pad ring; treat the tensors as read-only (it is cached).
 
     Attributes:
         res, fov, cmf_a: the parameters it was built from.
-        fovi_version: whose arithmetic built it (:data:`FOVI_VERSIONS`).
+        fovi_version: whose formulas built it (:data:`FOVI_VERSIONS`).
         field_geometry: the cortical surface of ``cortical`` (``"planar"`` or ``"legacy"``).
-        radii: ``[res]`` float32 ring radii (field-of-view edge at 1).
+        arithmetic: ``"fovi"`` (the version's float32 arithmetic) or ``"exact"`` (float64).
+        radii: ``[res]`` ring radii (field-of-view edge at 1).
         ring_sizes: points per ring.
-        cartesian: ``[N, 2]`` float32 visual coordinates (unit disk = field of view).
-        cortical: ``[N, 3]`` float32 cortical coordinates (mm), see ``manifold``.
-        pad_cartesian: ``[P, 2]`` float32 pad coordinates (outside the unit disk).
-        pad_cortical: ``[P, 3]`` float32 their cortical coordinates.
+        cartesian: ``[N, 2]`` visual coordinates (unit disk = field of view).
+        cortical: ``[N, 3]`` cortical coordinates (mm), see ``manifold``.
+        pad_cartesian: ``[P, 2]`` pad coordinates (outside the unit disk).
+        pad_cortical: ``[P, 3]`` their cortical coordinates.
+
+    Coordinates are float32 with ``arithmetic="fovi"``, float64 with ``"exact"``.
     """
 
     res: int
@@ -226,6 +294,7 @@ class FoveatedSampling:
     cmf_a: float
     fovi_version: str
     field_geometry: str
+    arithmetic: str
     radii: torch.Tensor
     ring_sizes: tuple[int, ...]
     cartesian: torch.Tensor
@@ -250,24 +319,47 @@ def foveated_sampling(
     cmf_a: float,
     field_geometry: str | None = None,
     fovi_version: str = DEFAULT_FOVI_VERSION,
+    arithmetic: str = "fovi",
 ) -> FoveatedSampling:
-    """The isotropic sampling with ``res`` rings, built (once) with ``fovi_version``'s arithmetic.
+    """The isotropic sampling with ``res`` rings, built (once) with ``fovi_version``'s formulas.
 
     ``field_geometry=None`` means the version's default surface (:func:`resolve_field_geometry`):
-    ``"planar"`` for fovi 2.4.0, ``"legacy"`` for bf792c2.
+    ``"planar"`` for fovi 2.4.0, ``"legacy"`` for bf792c2. ``arithmetic`` is ``"fovi"`` (fovi's
+    float32 roundings) or ``"exact"`` (float64, see the module docstring).
     """
     check_sampling_params(
-        fov, cmf_a, res=res, fovi_version=fovi_version, field_geometry=field_geometry
+        fov,
+        cmf_a,
+        res=res,
+        fovi_version=fovi_version,
+        field_geometry=field_geometry,
+        arithmetic=arithmetic,
     )
-    return _cached_sampling(
-        res, fov, cmf_a, resolve_field_geometry(fovi_version, field_geometry), fovi_version
-    )
+    geometry = resolve_field_geometry(fovi_version, field_geometry)
+    return _cached_sampling(res, fov, cmf_a, geometry, fovi_version, arithmetic)
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=64)
 def _cached_sampling(
-    res: int, fov: float, cmf_a: float, field_geometry: str, fovi_version: str
+    res: int, fov: float, cmf_a: float, field_geometry: str, fovi_version: str, arithmetic: str
 ) -> FoveatedSampling:
+    if arithmetic == "exact":
+        radii, counts = ring_radii(res, fov, cmf_a, torch.float64)
+        points, pads = _ring_points_exact(radii, counts), _pad_points_exact(radii)
+        return FoveatedSampling(
+            res=res,
+            fov=fov,
+            cmf_a=cmf_a,
+            fovi_version=fovi_version,
+            field_geometry=field_geometry,
+            arithmetic=arithmetic,
+            radii=radii,
+            ring_sizes=counts,
+            cartesian=points,
+            cortical=cortical_coords(points.numpy(), fov, cmf_a, field_geometry, torch.float64),
+            pad_cartesian=pads,
+            pad_cortical=cortical_coords(pads.numpy(), fov, cmf_a, field_geometry, torch.float64),
+        )
     radii, counts = ring_radii(res, fov, cmf_a)
     if fovi_version == "2.4.0":
         points = _ring_points_2_4_0(radii, counts)  # [N, 2] float32
@@ -281,6 +373,7 @@ def _cached_sampling(
         cmf_a=cmf_a,
         fovi_version=fovi_version,
         field_geometry=field_geometry,
+        arithmetic=arithmetic,
         radii=radii,
         ring_sizes=counts,
         cartesian=points.to(torch.float32),
