@@ -14,24 +14,16 @@ Where each idea lives:
 - :mod:`fovi_ref.layer`: :class:`KNNConv`.
 - :mod:`fovi_ref.grid`: regular-grid metas on which ``F.conv2d`` is an oracle.
 - :mod:`fovi_ref.geometry`: the real fovi-resnet18 graphs.
-- :mod:`fovi_ref.tolerances`: what "close enough" means per dtype, and why.
+- :mod:`fovi_ref.check.tolerances`: what "close enough" means per dtype, and why.
 """
 
-from fovi_ref.knn_autograd import (
-    available_ops,
-    derive_for,
-    get_ops,
-    knn_conv,
-    prepare,
-    register_ops,
-    route,
-    route_layer,
-    unregister_ops,
-)
+from fovi_ref.knn_autograd import derive_for, knn_conv, prepare, route, route_layer
 from fovi_ref.layer import KNNConv
-from fovi_ref.meta import KNNMeta
+from fovi_ref.meta import DTYPES, KNNMeta, dtype_name
+from fovi_ref.registry import available_ops, get_ops, register_ops, unregister_ops
 
 __all__ = [
+    "DTYPES",
     "KNNConv",
     "KNNMeta",
     "available_ops",
@@ -42,5 +34,6 @@ __all__ = [
     "register_ops",
     "route",
     "route_layer",
+    "dtype_name",
     "unregister_ops",
 ]

@@ -60,7 +60,7 @@ __all__ = [
 NAME = "gather_gemm"
 
 # Largest Nout*Nin for which grad_input multiplies by the dense S rather than scattering with
-# index_add_. CPU: derived by fovi_ref.bench.budget.derive_budget from the sweep stored in
+# index_add_. CPU: derived by fovi_ref.check.bench.budget.derive_budget from the sweep stored in
 # notebooks/03_scatter_matrix_budget.ipynb: there the dense path is faster beyond the measured
 # noise band at no swept size (it ties on the smallest graphs, res18_ds4's included, and is slower
 # on all others), so 0: the index path everywhere. tests/test_notebook_claims.py fails when this

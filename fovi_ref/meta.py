@@ -34,7 +34,21 @@ from typing import Any
 
 import torch
 
-__all__ = ["Derived", "KNNMeta", "check_int"]
+__all__ = ["DTYPES", "Derived", "KNNMeta", "check_int", "dtype_name"]
+
+DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+"""The float dtypes ``knn_conv`` computes in, by name: the one table of dtypes."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``"float32"`` for ``torch.float32``: the name :data:`DTYPES` knows it by."""
+    return str(dtype).removeprefix("torch.")
+
 
 Derived = dict[str, torch.Tensor]
 """A backend's derived data: named tensors, all computed from one meta by a pure function."""

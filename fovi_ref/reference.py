@@ -20,7 +20,7 @@ no fast backend may do; slow and memory-hungry is fine here, every line is the f
   outputs (``_mask_invalid_outputs``); ``all_padding="zero"`` follows it: ``y`` is exactly 0
   there whatever the bias, and the bias gradient leaves those nodes out.
 
-Besides the values, :mod:`fovi_ref.tolerances` needs to know how large the terms of every sum are
+Besides the values, :mod:`fovi_ref.check.tolerances` needs to know how large the terms of every sum are
 (a rounding error is relative to them, not to the sum, which may cancel). The same formula run on
 absolute values gives that: :func:`knn_conv_magnitude`. Run on ones, it counts the terms.
 """
@@ -209,7 +209,7 @@ def shared_cell_meta(meta: KNNMeta) -> KNNMeta:
 
     These are the neighbours whose features a two-step implementation (sum the neighbours of each
     cell, then multiply by the weight) adds *before* the GEMM and stores in the working dtype;
-    a neighbour alone in its cell is copied exactly. :mod:`fovi_ref.tolerances` allows one
+    a neighbour alone in its cell is copied exactly. :mod:`fovi_ref.check.tolerances` allows one
     rounding for the terms of these neighbours.
     """
     real = ~meta.pad_mask  # [K, Nout]

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from fovi_ref.__main__ import parser
+from fovi_ref.check.cli import parser
 
 
 def subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -28,7 +28,7 @@ def test_every_option_has_help_and_shows_its_default(name):
 
 
 def test_help_lists_the_bench_targets():
-    from fovi_ref.bench.layers import TARGETS
+    from fovi_ref.check.bench.layers import TARGETS
 
     text = subparsers()["bench"].format_help()
     for name, target in TARGETS.items():

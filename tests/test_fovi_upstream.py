@@ -2,7 +2,7 @@
 
 Needs fovi==2.4.0 (``pip install --no-deps -r scripts/fovi-requirements.txt``); skips only where
 fovi is absent. Every check compares against the float64 oracle with explicit bounds, or pins a
-documented difference of fovi's (see :mod:`fovi_ref.upstream`).
+documented difference of fovi's (see :mod:`fovi_ref.check.fovi`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from fovi_ref import (
     unregister_ops,
     upstream,
 )
-from fovi_ref.bench import make_inputs, time_contenders
+from fovi_ref.check.bench import make_inputs, time_contenders
 from fovi_ref.geometry import resnet18_layers, resnet18_plan
 from fovi_ref.reference import knn_conv_reference
-from fovi_ref.tolerances import UNIT_ROUNDOFF, relative_error
+from fovi_ref.check.tolerances import UNIT_ROUNDOFF, relative_error
 
 pytest.importorskip(
     "fovi",
@@ -76,7 +76,7 @@ def test_the_pinned_release_is_installed():
 def test_without_fovi_fovi_ref_imports_and_upstream_says_how_to_install():
     code = (
         "import sys; sys.modules['fovi'] = None\n"  # makes `import fovi` fail
-        "import fovi_ref, fovi_ref.upstream as up\n"
+        "import fovi_ref, fovi_ref.check.fovi as up\n"
         "try:\n    up.fovi_resnet18_layers()\n"
         "except up.FoviUnavailable as err:\n    print(err)\n"
     )
@@ -215,7 +215,7 @@ def test_verify_fovi_cli_exits_2_without_fovi(tmp_path):
     """Without fovi importable, ``verify --fovi`` exits 2 and names the install command."""
     code = (
         "import sys; sys.modules['fovi'] = None\n"
-        "from fovi_ref.__main__ import main\n"
+        "from fovi_ref.check.cli import main\n"
         f"sys.exit(main(['verify', '--fovi', '--out', {str(tmp_path)!r}]))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -461,7 +461,7 @@ def test_fovi_ops_run_under_fovi_refs_custom_op():
 
 def test_check_fovi_ops_goes_through_check_ops():
     testing = pytest.importorskip(
-        "fovi_ref.testing", reason="fovi_ref.testing.check_ops lands with the tolerance rewrite"
+        "fovi_ref.check.check_ops", reason="fovi_ref.check.check_ops.check_ops lands with the tolerance rewrite"
     )
     assert callable(testing.check_ops)
     report = upstream.check_fovi_ops("torch_compact", path="direct", dtypes=(F32,))

@@ -7,8 +7,8 @@ import io
 import re
 from pathlib import Path
 
-from fovi_ref.bench import boundary, fovi, network, scaling
-from fovi_ref.bench.layers import TARGETS
+from fovi_ref.check.bench import boundary, fovi, network, scaling
+from fovi_ref.check.bench.layers import TARGETS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -1,4 +1,4 @@
-"""fovi_ref.testing.check_ops on fovi_ref's own backends, and on ops that differ in the ways a
+"""fovi_ref.check.check_ops.check_ops on fovi_ref's own backends, and on ops that differ in the ways a
 foreign implementation can (its own meta, another output dtype, exceptions, fovi 2.4.0's
 zeroed all-padding outputs)."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fovi_ref import get_ops
-from fovi_ref.testing import CHECKS, check_ops
+from fovi_ref.check.check_ops import CHECKS, check_ops
 
 FAST = ("random", "layer4.0.downsample.0", "layer4.1.conv1")
 LOW = (torch.float16, torch.bfloat16)

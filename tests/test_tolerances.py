@@ -18,8 +18,8 @@ from fovi_ref.reference import (
     knn_conv_term_counts,
     shared_cell_meta,
 )
-from fovi_ref.testing import random_meta
-from fovi_ref.tolerances import (
+from fovi_ref.check.check_ops import random_meta
+from fovi_ref.check.tolerances import (
     QUANTITIES,
     UNIT_ROUNDOFF,
     error_bound,
@@ -45,7 +45,7 @@ def one_to_one_meta(n: int = 1) -> KNNMeta:
 
 def low_precision_oracle(x, w, b, meta, grad_y, dtype):
     """The oracle's loop in float32, each result rounded once to ``dtype``: a correct
-    low-precision implementation under the model of fovi_ref.tolerances (step 2)."""
+    low-precision implementation under the model of fovi_ref.check.tolerances (step 2)."""
     got = knn_conv_reference_grads(x, w, b, meta, grad_y, compute_dtype=torch.float32)
     return {q: t.to(dtype) for q, t in zip(QUANTITIES, got, strict=True) if t is not None}
 

@@ -344,7 +344,7 @@ class Verdict:
     def __str__(self) -> str:
         where = "" if self.worst_index is None else f" at {list(self.worst_index)}"
         text = (
-            f"{'PASS' if self.ok else 'FAIL'} {self.quantity} {str(self.dtype)[6:]}: "
+            f"{'PASS' if self.ok else 'FAIL'} {self.quantity} {dtype_name(self.dtype)}: "
             f"worst err/bound {self.ratio:.2f} ({self.worst_error:.1e} <= {self.worst_bound:.1e}"
             f"{where}), max |err| {self.max_abs_error:.1e}"
         )
@@ -392,7 +392,7 @@ def judge_elementwise(
     dtype = value.dtype if dtype is None else dtype
     notes = []
     if value.dtype != dtype:
-        notes.append(f"returned {str(value.dtype)[6:]}")
+        notes.append(f"returned {dtype_name(value.dtype)}")
     if tuple(value.shape) != tuple(expected.value.shape):
         notes.append(f"shape {tuple(value.shape)}, expected {tuple(expected.value.shape)}")
         return Verdict(

@@ -2,8 +2,8 @@
 
 For each dtype the operands are drawn in float64 from a fixed seed and rounded to the dtype; the
 oracle then runs in float64 on those *rounded* values, so a backend is judged on its own
-arithmetic only, element by element, with the rule of :mod:`fovi_ref.tolerances`
-(:func:`~fovi_ref.tolerances.judge_elementwise`). ``einsum_baseline`` in the same dtype is judged
+arithmetic only, element by element, with the rule of :mod:`fovi_ref.check.tolerances`
+(:func:`~fovi_ref.check.tolerances.judge_elementwise`). ``einsum_baseline`` in the same dtype is judged
 by the same rule and its worst ratio is reported beside every verdict (not judged).
 """
 
@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 from fovi_ref.geometry import get_layer
-from fovi_ref.jobs import DTYPES, layer_names, progress
+from fovi_ref.check.jobs import DTYPES, layer_names, progress
 from fovi_ref.knn_autograd import available_ops, get_ops, knn_conv, route
 from fovi_ref.meta import KNNMeta
 from fovi_ref.reference import AllPadding, knn_conv_reference
-from fovi_ref.tolerances import (
+from fovi_ref.check.tolerances import (
     QUANTITIES,
     BiasRounding,
     Verdict,
@@ -120,7 +120,7 @@ def verify_meta(
     """Forward and the three gradients of every accepting backend, in every dtype, each judged
     elementwise against the float64 oracle; the baseline's ratio rides along in each verdict.
     ``bias_rounding="fused"`` demands that ``y`` round ``W x + b`` once (see
-    :mod:`fovi_ref.tolerances`, step 2 (d))."""
+    :mod:`fovi_ref.check.tolerances`, step 2 (d))."""
     device = meta.device
     operands = sample_operands(meta, out_channels, batch=batch, seed=seed)
     checks = []
@@ -157,7 +157,7 @@ def run(args) -> bool:
                 worst = max(mine, key=lambda c: c.verdict.error / c.verdict.bound)
                 ok = all(c.verdict.ok for c in mine)
                 failures += not ok
-                row[str(dtype)[6:]] = {
+                row[dtype_name(dtype)] = {
                     "ok": ok,
                     "worst": worst.quantity,
                     "error": worst.verdict.error,
@@ -184,11 +184,11 @@ def run(args) -> bool:
 
 def run_fovi(args) -> int:
     """``python -m fovi_ref verify --fovi``: fovi 2.4.0's backends through fovi's own layers,
-    judged by the same elementwise rule (:func:`fovi_ref.upstream.verify_fovi`); the table on
+    judged by the same elementwise rule (:func:`fovi_ref.check.fovi.verify_fovi`); the table on
     stdout, ``verify_fovi.json`` in ``args.out``. Returns the exit status: 0 when every cell
     passed, 1 on a FAIL (a finding about fovi: the table says which side is wrong and why), 2
     when fovi is not installed."""
-    from fovi_ref import upstream
+    from fovi_ref.check import fovi as upstream
 
     try:
         fovi = upstream.require_fovi()
@@ -208,7 +208,7 @@ def run_fovi(args) -> int:
     )
     print(f"\nfovi {fovi.__version__} on {device}, batch {args.batch}: fovi's own layers, every")
     print("backend that runs here; y and grad x/weight/bias vs the float64 oracle, judged by")
-    print("fovi_ref's elementwise rule (fovi_ref/tolerances.py), fovi's all-padding reading.")
+    print("fovi_ref's elementwise rule (fovi_ref/check/tolerances.py), fovi's all-padding reading.")
     print("cell: PASS/FAIL, then the worst element's error / bound (at most 1 passes)")
     print("auto: fovi's dispatcher choice with gradients on; route: fovi_ref's for the graph")
     print("a FAIL is fovi's result outside the bound; the lines below it say why\n")

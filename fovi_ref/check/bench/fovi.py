@@ -6,11 +6,11 @@ On each fovi-resnet18 layer (batch 64, the stem 16), forward + backward (gradien
 - fovi's dispatcher (``KNNConvLayer`` with ``kernel_backend="auto"``; on CPU with gradients it
   picks ``baseline``) and each training-capable backend fovi has on this device that accepts the
   graph: ``baseline``, ``torch_scatter``, ``torch_compact``, and ``gather_gemm`` where
-  K = V = 1 (:func:`fovi_ref.upstream.fovi_contenders`, fovi's code unchanged);
+  K = V = 1 (:func:`fovi_ref.check.fovi.fovi_contenders`, fovi's code unchanged);
 - fovi_ref's routed backend through :func:`fovi_ref.knn_conv`.
 
 All of one layer's contenders are timed in interleaved rounds in one process
-(:func:`fovi_ref.bench.measure.time_contenders`), so the ratios hold on a noisy machine. The
+(:func:`fovi_ref.check.bench.contenders.time_contenders`), so the ratios hold on a noisy machine. The
 column ``fovi_ref / best fovi`` divides fovi_ref's median by the fastest fovi contender's; its
 target is :data:`TARGET`. Layers sharing a graph and channel count are timed once.
 """
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from fovi_ref.bench import measure
-from fovi_ref.jobs import DTYPES, layer_names, progress, shared_graph_groups
+from fovi_ref.check.bench import measure
+from fovi_ref.check.jobs import DTYPES, layer_names, progress, shared_graph_groups
 from fovi_ref.knn_autograd import route
 
 __all__ = ["TARGET", "bench_fovi", "format_table", "run"]
@@ -62,7 +62,7 @@ def bench_fovi(
     """One row per distinct graph and channel count among ``names`` (default: all 20 layers):
     ``layers``, ``batch``, ``route``, ``dispatch`` (fovi's choice), ``ms`` (median per
     contender: ``"fovi_ref <route>"`` and fovi's), ``best fovi`` and ``fovi_ref / best fovi``."""
-    from fovi_ref import upstream
+    from fovi_ref.check import fovi as upstream
 
     device = torch.device(device)
     every = upstream.fovi_resnet18_layers(device)
@@ -122,7 +122,7 @@ def run(args) -> int:
     ``args.out``. ``args`` carries ``device``, ``dtype`` (a list of names), ``layers``,
     ``batch_general`` (the batch; the stem uses 16), ``repeats`` and ``out``. Returns the exit
     status: 0, or 2 when fovi is not installed."""
-    from fovi_ref import upstream
+    from fovi_ref.check import fovi as upstream
 
     try:
         fovi = upstream.require_fovi()

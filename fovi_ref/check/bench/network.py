@@ -1,7 +1,7 @@
 """The whole-network figure: ``python -m fovi_ref bench --network resnet18``.
 
 Forward + backward (every parameter's gradient) of the fovi-resnet18 trunk
-(:class:`fovi_ref.network.ResNet18Trunk`: 20 KNN convs with BatchNorm, ReLU, the max pool and the
+(:class:`fovi_ref.check.network.ResNet18Trunk`: 20 KNN convs with BatchNorm, ReLU, the max pool and the
 residual adds, as fovi wires them), with every convolution routed by the dispatcher, against the
 same trunk with every convolution on ``einsum_baseline`` (fovi's arithmetic). Both start from one
 state dict and see one input; time is the median of interleaved rounds, memory the peak bytes
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from fovi_ref.bench.measure import Contender, peak_memory_bytes, time_contenders
-from fovi_ref.network import ResNet18Trunk
+from fovi_ref.check.bench.contenders import Contender, peak_memory_bytes, time_contenders
+from fovi_ref.check.network import ResNet18Trunk
 
 __all__ = ["TARGETS", "network_rows", "run", "trunk_step"]
 
@@ -62,7 +62,7 @@ def network_rows(
 def run(batches=(16, 64), repeats: int = 5, device: str = "cpu", dtype=torch.float32) -> list:
     """Print the table of :func:`network_rows` and return its rows."""
     rows = network_rows(batches, repeats, device, dtype)
-    print(f"fovi-resnet18 trunk, forward + backward, {device} {str(dtype)[6:]}: routed / einsum")
+    print(f"fovi-resnet18 trunk, forward + backward, {device} {dtype_name(dtype)}: routed / einsum")
     print(
         f"{'batch':>6}{'routed ms':>11}{'einsum ms':>11}{'time':>7}{'target':>8}{'memory':>8}"
         f"{'verdict':>9}"

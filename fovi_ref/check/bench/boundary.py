@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fovi_ref.bench.measure import Contender, fovi_einsum, make_inputs, time_contenders
+from fovi_ref.check.bench.contenders import Contender, fovi_einsum, make_inputs, time_contenders
 from fovi_ref.knn_autograd import knn_conv
 from fovi_ref.layer import KNNConv
 from fovi_ref.meta import KNNMeta

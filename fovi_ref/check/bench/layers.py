@@ -1,7 +1,7 @@
 """The per-layer benchmark of ``python -m fovi_ref bench``: what is timed, the targets, tables.
 
 Every contender runs forward + backward (gradients of ``x``, ``weight``, ``bias``), timed in
-interleaved rounds in one process (:func:`fovi_ref.bench.measure.time_contenders`); the tables
+interleaved rounds in one process (:func:`fovi_ref.check.bench.contenders.time_contenders`); the tables
 report ratios, which hold on a noisy machine where absolute times do not.
 
 - K = 1 layers (``res18_ds2/3/4``): ``gather_gemm`` against fovi's einsum, ``general`` and the
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from fovi_ref.bench import measure
+from fovi_ref.check.bench import measure
 from fovi_ref.geometry import RES18_DOWNSAMPLES, get_layer
-from fovi_ref.jobs import DTYPES, layer_names, progress, shared_graph_groups
+from fovi_ref.check.jobs import DTYPES, layer_names, progress, shared_graph_groups
 from fovi_ref.knn_autograd import route
 
 # Targets of the bench, as ratios measured side by side. A key is a ratio, then after a comma

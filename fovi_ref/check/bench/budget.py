@@ -80,7 +80,7 @@ def fastest_times(
     The fastest call, not the median: on a machine shared with other work, noise only ever adds
     time (a descheduled thread, another process's cache traffic), often for seconds at a stretch,
     so the median of a size can be all noise while the fastest of many calls is still the
-    uncontended cost. (:func:`fovi_ref.bench.time_contenders` reports medians, which suit the
+    uncontended cost. (:func:`fovi_ref.check.bench.time_contenders` reports medians, which suit the
     larger, steadier contenders of the bench.)
     """
     names = list(contenders)

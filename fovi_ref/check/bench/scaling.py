@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from fovi_ref.bench.measure import fovi_einsum, knn_backend, make_inputs, time_contenders
+from fovi_ref.check.bench.contenders import fovi_einsum, knn_backend, make_inputs, time_contenders
 from fovi_ref.geometry import get_layer
-from fovi_ref.jobs import layer_names, progress, shared_graph_groups
+from fovi_ref.check.jobs import layer_names, progress, shared_graph_groups
 from fovi_ref.knn_autograd import route
 
 __all__ = ["BATCHES", "TARGET", "run", "scaling_rows"]
@@ -59,7 +59,7 @@ def run(names=None, repeats: int = 7, device: str = "cpu", dtype=torch.float32) 
     """Print the table of :func:`scaling_rows` (within 100 columns) and return its rows."""
     rows = scaling_rows(names, repeats=repeats, device=device, dtype=dtype)
     target = TARGET if dtype == torch.float32 else None
-    print(f"\nbatch scaling, {device} {str(dtype)[6:]}: routed backend / fovi's einsum, fwd + bwd")
+    print(f"\nbatch scaling, {device} {dtype_name(dtype)}: routed backend / fovi's einsum, fwd + bwd")
     held = f"target <= {TARGET}" if target else f"no target: <= {TARGET} holds float32"
     print(f"cell: ms per sample of the routed backend, then the ratio ({held})")
     header = f"{'layer':<22}{'backend':<12}" + "".join(f"{'B=' + str(b):>13}" for b in BATCHES)

@@ -20,7 +20,7 @@ cells, unused inputs, collisions), in every dtype, and returns an :class:`OpsRep
 check          what it asks
 =============  ========================================================================
 oracle         ``y`` and the gradients agree with the float64 oracle by the elementwise
-               rule of :mod:`fovi_ref.tolerances` (``einsum_baseline``'s ratio reported)
+               rule of :mod:`fovi_ref.check.tolerances` (``einsum_baseline``'s ratio reported)
 cancellation   the same, with a bias that cancels ``W x`` and upstream gradients that
                cancel in pairs: the rule must hold where the results are tiny
 padding        inputs that no real neighbour reads hold inf (and the upstream gradient is
@@ -53,7 +53,7 @@ import torch
 from fovi_ref.knn_autograd import get_ops
 from fovi_ref.meta import KNNMeta
 from fovi_ref.reference import AllPadding, knn_conv_reference
-from fovi_ref.tolerances import (
+from fovi_ref.check.tolerances import (
     QUANTITIES,
     BiasRounding,
     Verdict,
@@ -289,14 +289,14 @@ def _row(graph: str, dtype: torch.dtype, check: str, verdict: Verdict, note: str
     if verdict.nonfinite_mismatches:
         notes = "; ".join([f"{verdict.nonfinite_mismatches} non-finite mismatches", notes])
     return ReportRow(
-        graph, str(dtype)[6:], check, verdict.quantity, verdict.ok, verdict.ratio,
+        graph, dtype_name(dtype), check, verdict.quantity, verdict.ok, verdict.ratio,
         verdict.max_abs_error, verdict.baseline_ratio, notes.strip("; "),
     )  # fmt: skip
 
 
 def _error_row(graph: str, dtype: torch.dtype, check: str, quantity: str, err: Exception):
     text = f"{type(err).__name__}: {err}".splitlines()[0][:160]
-    return ReportRow(graph, str(dtype)[6:], check, quantity, False, note=f"raised {text}")
+    return ReportRow(graph, dtype_name(dtype), check, quantity, False, note=f"raised {text}")
 
 
 # ----------------------------------------------------------------------------- the battery
@@ -397,7 +397,7 @@ def _check_padding(ops, case, operands) -> list[ReportRow]:
     unread = _unread_inputs(meta)  # [Nin]
     empty = meta.pad_mask.all(dim=0)  # [Nout] all-padding nodes
     if not (bool(unread.any()) or bool(empty.any())):
-        return [ReportRow(name, str(dtype)[6:], "padding", "all", True, note="nothing to test")]
+        return [ReportRow(name, dtype_name(dtype), "padding", "all", True, note="nothing to test")]
     x, w, b, gy = (t.clone() for t in operands)
     x[:, :, unread] = math.inf
     gy[:, :, empty] = 1000.0
@@ -433,7 +433,7 @@ def _check_nonfinite(ops, case, operands) -> list[ReportRow]:
     meta, name, dtype = case.graph.meta, case.graph.name, case.dtype
     read = (~_unread_inputs(meta)).nonzero().flatten()
     if case.batch == 0 or read.numel() == 0:
-        return [ReportRow(name, str(dtype)[6:], "nonfinite", "all", True, note="nothing to test")]
+        return [ReportRow(name, dtype_name(dtype), "nonfinite", "all", True, note="nothing to test")]
     x, w, b, gy = (t.clone() for t in operands)
     x[0, 0, int(read[0])] = math.inf
     x[0, -1, int(read[-1])] = math.nan
@@ -476,7 +476,7 @@ def _check_determinism(ops, case, operands, first) -> list[ReportRow]:
         return [_error_row(name, dtype, "determinism", "all", err)]
     differ = [q for q in first if not torch.equal(first[q], again[q])]
     note = "" if not differ else "differs between runs: " + ", ".join(differ)
-    return [ReportRow(name, str(dtype)[6:], "determinism", "all", not differ, note=note)]
+    return [ReportRow(name, dtype_name(dtype), "determinism", "all", not differ, note=note)]
 
 
 def check_ops(
@@ -507,7 +507,7 @@ def check_ops(
         all_padding: the oracle's reading of all-padding nodes: ``"bias"`` (the formula) or
             ``"zero"`` (fovi 2.4.0's layer); see :mod:`fovi_ref.reference`.
         bias_rounding: ``"separate"`` allows ``W x`` to be rounded before the bias is added,
-            ``"fused"`` demands one rounding (:mod:`fovi_ref.tolerances`, step 2 (d)).
+            ``"fused"`` demands one rounding (:mod:`fovi_ref.check.tolerances`, step 2 (d)).
         batch: batch size of the operands. seed: seeds the operands and the random graphs.
         checks: a subset of :data:`CHECKS`.
         gradcheck_max_inputs: gradcheck only graphs whose ``x``, weight and bias hold at most
