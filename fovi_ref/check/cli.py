@@ -12,11 +12,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from fovi_ref import verify
-from fovi_ref.check.bench import boundary, fovi, layers, network, scaling
-from fovi_ref.check.jobs import DTYPES
+from fovi_ref import DTYPES
+from fovi_ref.check import verify
+from fovi_ref.check.bench import boundary, fovi, layers, network, scaling, targets
+from fovi_ref.check.fovi import verify as fovi_verify
+from fovi_ref.check.jobs import LOW_AND_SINGLE
 
 
 # -------------------------------------------------------------------------------------- CLI
@@ -65,25 +66,15 @@ OUT/verify_fovi.json; exits 1 on a FAIL, 2 if fovi is not installed."""
 
 
 def _bench_epilog() -> str:
-    lines = [
-        "targets (float32 ratios, measured side by side; a '!' in the tables marks a miss;",
-        "'floor' = the GEMM floor / fovi's einsum):",
-    ]
-    lines += [f"  {name:<40} <= {target}" for name, target in layers.TARGETS.items()]
-    lines += [
-        "with --network resnet18 (routed / all-einsum step time, per batch):",
-        *(f"  {'batch ' + str(b):<40} <= {t}" for b, t in network.TARGETS.items()),
-    ]
-    lines += [
-        "with --boundary:",
-        f"  {'knn_conv / plain torch, K = 1':<40} <= {boundary.BOUNDARY_TARGET}",
-        f"  {'100 distinct / shared graphs':<40} <= {boundary.SCALE_TARGET}",
-        "with --fovi:",
-        f"  {'fovi_ref / best fovi':<40} <= {fovi.TARGET}",
-        "with --batch-scaling (every batch 1 to 16):",
-        f"  {'routed / fovi einsum':<40} <= {scaling.TARGET}",
-        "Definitions: fovi_ref/check/bench/layers.py, boundary.py, fovi.py and scaling.py.",
-    ]
+    lines = ["targets (float32 ratios, measured side by side; a '!' in the tables marks a miss;",
+             "'floor' = the GEMM floor / fovi's einsum):"]  # fmt: skip
+    lines += [f"  {t.name:<40} <= {t.at_most}" for t in targets.LAYERS]
+    lines += ["with --network resnet18:"]
+    lines += [f"  {t.name:<40} <= {t.at_most}" for t in targets.NETWORK.values()]
+    for flag, held in (("--boundary", (targets.BOUNDARY, targets.SCALE)), ("--fovi", (targets.FOVI,)),
+                       ("--batch-scaling", (targets.SCALING,))):  # fmt: skip
+        lines += [f"with {flag}:", *(f"  {t.name:<40} <= {t.at_most}" for t in held)]
+    lines += ["Definitions: fovi_ref/check/bench/targets.py."]
     return "\n".join(lines)
 
 
@@ -96,12 +87,28 @@ zero-filling grad_x). K > 1 layers: general against fovi's einsum, time and peak
 Writes OUT/bench.json, bench.csv and bench.png."""
 
 
+# The jobs, and the options each one honours; an option given to a job that does not honour it
+# is an error, not silently ignored. Defaults are filled in after that check.
+DEFAULTS = {"out": "results", "device": "cpu", "dtypes": None, "dtype": list(LOW_AND_SINGLE),
+            "batch": None, "batch_general": 64, "repeats": 15, "layers": None}  # fmt: skip
+JOBS = {
+    ("verify", "oracle"): ("out", "device", "dtypes", "batch", "layers"),
+    ("verify", "fovi"): ("out", "device", "dtypes", "batch", "layers"),
+    ("bench", "layers"): ("out", "device", "dtype", "batch", "batch_general", "repeats", "layers"),
+    ("bench", "boundary"): (),
+    ("bench", "fovi"): ("out", "device", "dtype", "batch_general", "repeats", "layers"),
+    ("bench", "batch_scaling"): ("device", "dtype", "repeats", "layers"),
+    ("bench", "network"): ("device", "dtype", "repeats"),
+}
+BENCH_MODES = ("boundary", "fovi", "batch_scaling", "network")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m fovi_ref", description=DESCRIPTION, formatter_class=_HelpFormatter
     )
-    p.add_argument("--out", default="results", help="folder the result files are written to")
-    p.add_argument("--device", default="cpu", help="torch device to run on: cpu or cuda")
+    p.add_argument("--out", help="folder the result files are written to (default: results)")
+    p.add_argument("--device", help="torch device to run on: cpu or cuda (default: cpu)")
     sub = p.add_subparsers(dest="command", title="subcommands", metavar="{verify,bench}")
     v = sub.add_parser(
         "verify",
@@ -112,11 +119,11 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--dtypes",
         nargs="+",
-        choices=list(verify.ALL_DTYPES),
+        choices=list(DTYPES),
         help="dtypes to check in; if omitted: float32 float16 bfloat16, and float64 too with "
         "--fovi",
     )
-    v.add_argument("--batch", type=int, default=4, help="batch size of the random inputs")
+    v.add_argument("--batch", type=int, help="batch size of the random inputs (default: 4)")
     v.add_argument(
         "--fovi",
         action="store_true",
@@ -139,21 +146,20 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--dtype",
         nargs="+",
-        default=list(DTYPES),
         choices=list(DTYPES),
-        help="dtypes of the inputs, one set of rows each (targets hold float32)",
+        help="dtypes of the inputs, one set of rows each (targets hold float32) "
+        f"(default: {' '.join(LOW_AND_SINGLE)})",
     )
     b.add_argument(
-        "--batch", type=int, nargs="+", default=[64, 256], help="batch sizes for the K = 1 layers"
+        "--batch", type=int, nargs="+", help="batch sizes for the K = 1 layers (default: 64 256)"
     )
     b.add_argument(
         "--batch-general",
         type=int,
-        default=64,
-        help="batch for the K > 1 layers (the stem, conv1, always uses 16)",
+        help="batch for the K > 1 layers (the stem, conv1, always uses 16) (default: 64)",
     )
     b.add_argument(
-        "--repeats", type=int, default=15, help="timed rounds per layer (the median is kept)"
+        "--repeats", type=int, help="timed rounds per layer (the median is kept) (default: 15)"
     )
     b.add_argument(
         "--layers",
@@ -164,14 +170,15 @@ def parser() -> argparse.ArgumentParser:
         "--boundary",
         action="store_true",
         help="instead of the layers: the op boundary's fixed cost on tiny graphs, and 100 "
-        "distinct graphs against one shared graph (eager, compiled, exported)",
+        "distinct graphs against one shared graph (eager, compiled, exported); takes no other "
+        "option",
     )
     b.add_argument(
         "--fovi",
         action="store_true",
         help="instead: fovi 2.4.0's own backends (its dispatcher's choice and each training "
         "backend) beside fovi_ref's routed one on every layer at --batch-general (stem 16); "
-        f"target fovi_ref / best fovi <= {fovi.TARGET}; writes OUT/bench_fovi.json",
+        f"target fovi_ref / best fovi <= {targets.FOVI.at_most}; writes OUT/bench_fovi.json",
     )
     b.add_argument(
         "--batch-scaling",
@@ -195,30 +202,47 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _job(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, str]:
+    """The job ``args`` ask for, after refusing options that job does not honour."""
+    if args.command == "verify":
+        job = ("verify", "fovi" if args.fovi else "oracle")
+    else:
+        modes = [m for m in BENCH_MODES if getattr(args, m)]
+        if len(modes) > 1:
+            p.error("bench takes one of --boundary, --fovi, --batch-scaling, --network")
+        job = ("bench", modes[0] if modes else "layers")
+    given = [k for k in DEFAULTS if getattr(args, k, None) is not None]
+    unused = [f"--{k.replace('_', '-')}" for k in given if k not in JOBS[job]]
+    if unused:
+        flag = "" if job[1] in ("oracle", "layers") else f" --{job[1].replace('_', '-')}"
+        p.error(f"{job[0]}{flag} does not use {', '.join(unused)}")
+    return job
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if args.command in (None, "verify"):
-        defaults = parser().parse_args(["verify"])
-        for key, value in vars(defaults).items():
-            args.__dict__.setdefault(key, value)
-        if args.dtypes is None:
-            args.dtypes = (["float64"] if args.fovi else []) + list(DTYPES)
-        if args.fovi:
-            return verify.run_fovi(args)
-        ok = verify.run(args)
-        if args.command == "verify" or not ok:
-            return 0 if ok else 1
-        # The bare command: a short bench after a passing verify.
-        args.batch, args.batch_general, args.repeats, args.layers = [64], 64, 5, None
-        args.dtype = ["float32"]
-    if getattr(args, "fovi", False):
-        return fovi.run(args)
-    if getattr(args, "boundary", False):
+    p = parser()
+    args = p.parse_args(argv)
+    if args.command is None:  # the bare command: verify, then a short bench if it passed
+        args.command, args.fovi = "verify", False
+        if not verify.run(_filled(args, ("verify", "oracle"))):
+            return 1
+        short = argparse.Namespace(**vars(args), dtype=["float32"], batch=[64], repeats=5)
+        layers.run(_filled(short, ("bench", "layers")))
+        return 0
+    job = _job(p, args)
+    args = _filled(args, job)
+    if job == ("verify", "oracle"):
+        return 0 if verify.run(args) else 1
+    if job == ("verify", "fovi"):
+        return fovi_verify.run_fovi(args)
+    if job == ("bench", "boundary"):
         boundary.run()
-    elif getattr(args, "batch_scaling", False):
+    elif job == ("bench", "fovi"):
+        return fovi.run(args)
+    elif job == ("bench", "batch_scaling"):
         for dtype in args.dtype:
             scaling.run(args.layers, repeats=args.repeats, device=args.device, dtype=DTYPES[dtype])
-    elif getattr(args, "network", None):
+    elif job == ("bench", "network"):
         for dtype in args.dtype:
             network.run(device=args.device, dtype=DTYPES[dtype], repeats=args.repeats)
     else:
@@ -226,5 +250,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _filled(args: argparse.Namespace, job: tuple[str, str]) -> argparse.Namespace:
+    """``args`` with every option the job honours set (the job's defaults where not given)."""
+    filled = dict(vars(args))
+    for key, default in DEFAULTS.items():
+        if filled.get(key) is None:
+            filled[key] = default
+    if job[0] == "verify":
+        filled["batch"] = filled["batch"] or 4
+        if filled["dtypes"] is None:
+            filled["dtypes"] = (["float64"] if job[1] == "fovi" else []) + list(LOW_AND_SINGLE)
+    else:
+        filled["batch"] = filled["batch"] or [64, 256]
+    return argparse.Namespace(**filled)

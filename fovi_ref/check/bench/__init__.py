@@ -1,17 +1,19 @@
-"""Benchmarks: measuring tools, the per-layer bench, and the boundary and many-graphs ratios.
+"""The bench: timing, contenders, the profiler, the targets, and one module per job.
 
-- :mod:`fovi_ref.check.bench.contenders`: side-by-side timing, floors, peak memory, profiler helpers
-  (re-exported here: ``from fovi_ref.check import bench; bench.time_contenders(...)``).
-- :mod:`fovi_ref.check.bench.layers`: ``python -m fovi_ref bench``, the res18 layers, targets, tables.
-- :mod:`fovi_ref.check.bench.boundary`: ``python -m fovi_ref bench --boundary``, the fixed cost of the
-  op boundary and of having many distinct graphs.
-- :mod:`fovi_ref.check.bench.network`: ``python -m fovi_ref bench --network resnet18``, the whole trunk.
-- :mod:`fovi_ref.check.bench.budget`: the dense-``S`` budget derived from a measured sweep.
-- :mod:`fovi_ref.check.bench.scaling`: ``python -m fovi_ref bench --batch-scaling``, batches 1 to 16.
+- :mod:`~fovi_ref.check.bench.timing`: side-by-side timing in interleaved rounds, peak memory.
+- :mod:`~fovi_ref.check.bench.contenders`: what is timed (backends, fovi's einsum, the floors).
+- :mod:`~fovi_ref.check.bench.profile`: operator counts and timelines from ``torch.profiler``.
+- :mod:`~fovi_ref.check.bench.targets`: every target, as data.
+- jobs: :mod:`~fovi_ref.check.bench.layers` (``bench``), :mod:`~fovi_ref.check.bench.boundary`
+  (``bench --boundary``), :mod:`~fovi_ref.check.bench.network` (``bench --network``),
+  :mod:`~fovi_ref.check.bench.scaling` (``bench --batch-scaling``),
+  :mod:`~fovi_ref.check.bench.fovi` (``bench --fovi``), and
+  :mod:`~fovi_ref.check.bench.budget` (the dense-``S`` budget of notebook 03).
+
+The measuring tools are re-exported here: ``from fovi_ref.check import bench``.
 """
 
 from fovi_ref.check.bench.contenders import (
-    KERNEL_OPS,
     Contender,
     Inputs,
     conv2d_floor,
@@ -20,14 +22,17 @@ from fovi_ref.check.bench.contenders import (
     knn_backend,
     knn_backend_direct,
     make_inputs,
+    through,
+)
+from fovi_ref.check.bench.profile import (
+    KERNEL_OPS,
     op_counts,
     op_sequence,
-    peak_memory_bytes,
     plot_timeline,
     profile_contender,
-    time_contenders,
     timeline,
 )
+from fovi_ref.check.bench.timing import peak_memory_bytes, time_contenders
 
 __all__ = [
     "KERNEL_OPS",
@@ -44,6 +49,7 @@ __all__ = [
     "peak_memory_bytes",
     "plot_timeline",
     "profile_contender",
+    "through",
     "time_contenders",
     "timeline",
 ]

@@ -3,7 +3,6 @@ fovi_ref's ops protocol around them (:class:`FoviOps`, for :func:`fovi_ref.check
 
 See :mod:`fovi_ref.check.fovi` for the depths and the findings."""
 
-
 from __future__ import annotations
 
 import importlib
@@ -18,22 +17,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from fovi_ref import DTYPES, KNNMeta, route_layer
 from fovi_ref.check.fovi.load import (
-    ALL_DTYPES,
     BACKEND_ENV,
     INFERENCE_ONLY,
     LAYER_ONLY,
     PATHS,
-    QUANTITIES,
     REGISTRY_MODULES,
     FoviLayer,
     FoviUnavailable,
     fovi_arch,
     fovi_layer_from_meta,
+    fovi_resnet18_layers,
     require_fovi,
 )
-from fovi_ref.knn_autograd import route_layer
-from fovi_ref.meta import KNNMeta
+from fovi_ref.check.operands import QUANTITIES, forward_and_grads
 
 
 # ------------------------------------------------------------------------- fovi's backends
@@ -158,32 +156,28 @@ def fovi_forward_and_grads(
         )
     x, weight = x.detach(), weight.detach()
     bias = None if bias is None else bias.detach()
-    grads_wanted = grad_y is not None and backend not in INFERENCE_ONLY
+    grad_y = None if backend in INFERENCE_ONLY else grad_y
     if path != "layer":
         ops = fovi_ops(backend)
         fovi_meta = fovi_arch().autograd.ensure_training_metadata(layer, x.device)
     if path == "direct":
         y = ops.forward(fovi_meta, x, weight, bias)
-        if not grads_wanted:
+        if grad_y is None:
             return y, None, None, None
         grad_x = ops.grad_input(fovi_meta, grad_y, weight)
         grad_weight = ops.grad_weight(fovi_meta, grad_y, x)
         return y, grad_x, grad_weight, None  # the registry has no grad_bias
-    leaves = [t.requires_grad_(grads_wanted) for t in (x, weight)]
-    if bias is not None:
-        leaves.append(bias.requires_grad_(grads_wanted))
+
+    def fovi_conv(x, weight, bias):
+        if path == "function":
+            return fovi_arch().autograd.KNNConvFunction.apply(x, weight, bias, fovi_meta, backend)
+        with fovi_backend(None if backend == "auto" else backend):
+            return torch.func.functional_call(layer, {"weight": weight, "bias": bias}, (x,))
+
     # Grad mode on except for inference-only backends: fovi's dispatcher reads it, and a forward
     # alone should take the path training takes.
     with torch.set_grad_enabled(backend not in INFERENCE_ONLY):
-        if path == "function":
-            y = fovi_arch().autograd.KNNConvFunction.apply(x, weight, bias, fovi_meta, backend)
-        else:
-            with fovi_backend(None if backend == "auto" else backend):
-                y = torch.func.functional_call(layer, {"weight": weight, "bias": bias}, (x,))
-    if not grads_wanted:
-        return y.detach(), None, None, None
-    grads = torch.autograd.grad(y, leaves, grad_y)
-    return (y.detach(), *grads, *([None] if bias is None else []))
+        return forward_and_grads(x, weight, bias, None, grad_y, fovi_conv)
 
 
 class FoviOps:
@@ -335,7 +329,7 @@ def dispatch_table(
     layers: dict[str, FoviLayer] | None = None,
     *,
     devices: Sequence[str] | None = None,
-    dtypes: Sequence[torch.dtype] = ALL_DTYPES,
+    dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
     batches: Sequence[int] = (1, 64),
     grads: Sequence[bool] = (True, False),
 ) -> list[DispatchRecord]:
@@ -356,7 +350,6 @@ def dispatch_table(
                         )
                         rows.append(DispatchRecord(name, device, dtype, batch, grad, fovi, ours))
     return rows
-
 
 
 # ---------------------------------------------------------------------------------- timing
@@ -403,5 +396,3 @@ def fovi_contenders(
     for name in backends:
         contenders[f"fovi {name}"] = contender(name)[0]
     return contenders
-
-

@@ -75,15 +75,13 @@ from types import ModuleType, SimpleNamespace
 import torch
 from torch import nn
 
-from fovi_ref.meta import KNNMeta
+from fovi_ref import KNNMeta
 
 FOVI_VERSION = "2.4.0"
 """The fovi release this module reads (its dispatcher policy and semantics are version-specific)."""
 BACKEND_ENV = "FOVI_KNN_BACKEND"
 """fovi's override: a backend named here replaces every layer's ``kernel_backend``."""
 PATHS = ("layer", "function", "direct")
-ALL_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-QUANTITIES = ("y", "grad_x", "grad_weight", "grad_bias")
 
 INSTALL_HINT = "pip install --no-deps -r scripts/fovi-requirements.txt"
 # Backends living in fovi's ops registry (``KNNConvFunction`` runs them); the module whose import
@@ -292,5 +290,3 @@ def fovi_layer_from_meta(
     )
     layer._init_conv_like()
     return layer
-
-

@@ -1,7 +1,6 @@
 """fovi 2.4.0 models with fovi_ref layers swapped in: the user's adapter, and whole-network
 and training comparisons against fovi's own layers."""
 
-
 from __future__ import annotations
 
 import copy
@@ -14,13 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fovi_ref import KNNMeta, knn_conv
 from fovi_ref.check.fovi.backends import fovi_backend
 from fovi_ref.check.fovi.load import fovi_conv_layers
 from fovi_ref.check.tolerances import (
     relative_error,
 )
-from fovi_ref.knn_autograd import knn_conv
-from fovi_ref.meta import KNNMeta
 
 
 # ------------------------------------------------------------------------ the user's adapter
@@ -221,5 +219,3 @@ def compare_training(
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
-
-

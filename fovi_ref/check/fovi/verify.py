@@ -2,16 +2,19 @@
 dtype, each failure diagnosed, the table and the JSON record (``python -m fovi_ref verify
 --fovi``)."""
 
-
 from __future__ import annotations
 
 import functools
+import json
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from fovi_ref import DTYPES, dtype_name, route
 from fovi_ref.check.fovi.backends import (
     backend_accepts,
     fovi_backends,
@@ -19,18 +22,21 @@ from fovi_ref.check.fovi.backends import (
     fovi_forward_and_grads,
 )
 from fovi_ref.check.fovi.load import (
-    ALL_DTYPES,
+    FOVI_VERSION,
     INFERENCE_ONLY,
-    QUANTITIES,
     FoviLayer,
+    FoviUnavailable,
+    FoviVersionError,
     fovi_resnet18_layers,
+    require_fovi,
 )
+from fovi_ref.check.jobs import layer_names, progress
+from fovi_ref.check.operands import QUANTITIES, sample_operands
 from fovi_ref.check.tolerances import (
     Verdict,
     expected_quantities,
     judge_elementwise,
 )
-from fovi_ref.knn_autograd import route
 
 
 # ---------------------------------------------------------------------------- verification
@@ -83,7 +89,7 @@ def verify_fovi(
     layers: dict[str, FoviLayer] | None = None,
     *,
     backends: Sequence[str] | None = None,
-    dtypes: Sequence[torch.dtype] = ALL_DTYPES,
+    dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
     batch: int = 2,
     seed: int = 0,
     device: str | torch.device = "cpu",
@@ -92,7 +98,7 @@ def verify_fovi(
     """Every fovi backend that runs here on every layer in every dtype, through fovi's own
     layers (the ``"layer"`` path: what users run), judged by fovi_ref's elementwise rule.
 
-    Operands (:func:`fovi_ref.check.verify.sample_operands`) are drawn in float64 and rounded to each
+    Operands (:func:`fovi_ref.check.operands.sample_operands`) are drawn in float64 and rounded to each
     dtype; the oracle and the bounds (:func:`~fovi_ref.check.tolerances.expected_quantities`, with
     fovi's layer's reading of all-padding nodes, ``all_padding="zero"``) are computed in float64
     from the rounded values, so only fovi's arithmetic is judged, by the rule fovi_ref's own
@@ -102,7 +108,6 @@ def verify_fovi(
     ``no_grad``. ``layers`` defaults to fovi-resnet18's 20 on ``device``; ``on_layer(i, n,
     name)`` is called before each layer (a progress line).
     """
-    from fovi_ref.check.verify import sample_operands
 
     layers = fovi_resnet18_layers(device) if layers is None else layers
     if backends is None:
@@ -112,9 +117,9 @@ def verify_fovi(
         if on_layer is not None:
             on_layer(i, len(layers), name)
         meta, c_out = rec.meta, rec.out_channels
-        operands = sample_operands(meta.to("cpu"), c_out, batch=batch, seed=seed)
         for dtype in dtypes:
-            x, w, b, gy = (t.to(device=device, dtype=dtype) for t in operands)
+            operands = sample_operands(meta, c_out, batch=batch, seed=seed, dtype=dtype)
+            x, w, b, gy = (t.to(device) for t in operands)
             expected = expected_quantities(x, w, b, meta, gy, all_padding="zero")
             separate = functools.cache(
                 functools.partial(
@@ -171,14 +176,6 @@ def verify_fovi(
     return checks
 
 
-_DTYPE_NAMES = {
-    torch.float64: "float64",
-    torch.float32: "float32",
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-}
-
-
 def _ratio_text(ratio: float) -> str:
     if ratio < 10:
         return f"{ratio:.2f}"
@@ -210,7 +207,7 @@ def fovi_findings(checks: Sequence[FoviCheck]) -> list[FoviFinding]:
     return [
         FoviFinding(
             backend,
-            _DTYPE_NAMES[dtype],
+            dtype_name(dtype),
             tuple(dict.fromkeys(c.quantity for c in group)),
             len({c.layer for c in group}),
             max(c.verdict.ratio for c in group),
@@ -231,7 +228,7 @@ def fovi_rows(checks: Sequence[FoviCheck]) -> list[dict]:
             (c.layer, c.backend),
             {"layer": c.layer, "backend": c.backend, "route": c.route, "dispatch": {}},
         )
-        dtype = _DTYPE_NAMES[c.dtype]
+        dtype = dtype_name(c.dtype)
         row["dispatch"][dtype] = c.dispatch
         cell = row.setdefault(dtype, {"ok": True, "worst": None, "ratio": -1.0})
         cell["ok"] = cell["ok"] and c.verdict.ok
@@ -248,7 +245,7 @@ def format_fovi_table(checks: Sequence[FoviCheck]) -> str:
     gradients on) beside fovi_ref's ``route``. Below: the count, and each group of failures
     with the side that is wrong and why."""
     rows = fovi_rows(checks)
-    dtypes = list(dict.fromkeys(_DTYPE_NAMES[c.dtype] for c in checks))
+    dtypes = list(dict.fromkeys(dtype_name(c.dtype) for c in checks))
     header = f"{'layer':<22}{'fovi backend':<14}" + "".join(f"{d:<10}" for d in dtypes)
     header += f"{'auto':<13}route"
     lines = [header]
@@ -282,7 +279,7 @@ def fovi_record(checks: Sequence[FoviCheck], **about: Any) -> dict:
     """What ``python -m fovi_ref verify --fovi`` writes to ``verify_fovi.json``: ``about``
     (versions, device, batch), the rule, the rows of :func:`fovi_rows`, the findings."""
     rows = fovi_rows(checks)
-    cells = [row[d] for row in rows for d in _DTYPE_NAMES.values() if d in row]
+    cells = [row[d] for row in rows for d in DTYPES if d in row]
     return {
         "fovi": FOVI_VERSION,
         **about,
@@ -293,3 +290,41 @@ def fovi_record(checks: Sequence[FoviCheck], **about: Any) -> dict:
         "findings": [vars(f) for f in fovi_findings(checks)],
     }
 
+
+def run_fovi(args) -> int:
+    """``python -m fovi_ref verify --fovi``: fovi 2.4.0's backends through fovi's own layers,
+    judged by the same elementwise rule (:func:`verify_fovi`); the table on
+    stdout, ``verify_fovi.json`` in ``args.out``. Returns the exit status: 0 when every cell
+    passed, 1 on a FAIL (a finding about fovi: the table says which side is wrong and why), 2
+    when fovi is not installed."""
+
+    try:
+        fovi = require_fovi()
+    except (FoviUnavailable, FoviVersionError) as err:
+        print(f"verify --fovi: {err}", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    dtypes = tuple(DTYPES[d] for d in args.dtypes)
+    every = fovi_resnet18_layers(device)
+    layers = {name: every[name] for name in layer_names(args.layers)}
+    checks = verify_fovi(
+        layers,
+        dtypes=dtypes,
+        batch=args.batch,
+        device=device,
+        on_layer=lambda i, n, name: progress(i, n, f"verify fovi {name}"),
+    )
+    print(f"\nfovi {fovi.__version__} on {device}, batch {args.batch}: fovi's own layers, every")
+    print("backend that runs here; y and grad x/weight/bias vs the float64 oracle, judged by")
+    print("fovi_ref's elementwise rule (fovi_ref/check/tolerances.py), fovi's all-padding reading.")
+    print("cell: PASS/FAIL, then the worst element's error / bound (at most 1 passes)")
+    print("auto: fovi's dispatcher choice with gradients on; route: fovi_ref's for the graph")
+    print("a FAIL is fovi's result outside the bound; the lines below it say why\n")
+    print(format_fovi_table(checks))
+    record = fovi_record(
+        checks, torch=torch.__version__, device=str(device), batch=args.batch
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verify_fovi.json").write_text(json.dumps(record, indent=1))
+    return 0 if record["failed"] == 0 else 1
