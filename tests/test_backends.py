@@ -8,6 +8,9 @@ import torch.nn.functional as F
 from conftest import DEVICES, LOW_PRECISION, random_meta, sample_inputs
 
 from fovi_ref import KNNMeta, knn_conv
+from fovi_ref.check.operands import forward_and_grads
+from fovi_ref.check.tolerances import QUANTITIES, expected_quantities, judge_elementwise
+from fovi_ref.check.verify import BASELINE, backends_for
 from fovi_ref.grid import conv2d_grid_meta, to_grid, to_nodes
 from fovi_ref.knn_general import (
     SegmentSumPlan,
@@ -16,8 +19,6 @@ from fovi_ref.knn_general import (
     segment_sum_naive,
 )
 from fovi_ref.knn_general import derive as general_derive
-from fovi_ref.check.tolerances import QUANTITIES, expected_quantities, judge_elementwise
-from fovi_ref.check.verify import BASELINE, backends_for, forward_and_grads
 
 KS = [1, 2, 4, 9, 49]
 VS = [1, 4, 9, 49]

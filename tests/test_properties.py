@@ -21,10 +21,10 @@ from conftest import FUSED_BIAS_BACKENDS
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fovi_ref import KNNMeta, available_ops, get_ops
-from fovi_ref.reference import knn_conv_reference
+from fovi_ref import KNNMeta, available_ops, dtype_name, get_ops
+from fovi_ref.check.operands import forward_and_grads
 from fovi_ref.check.tolerances import expected_quantities, judge_elementwise
-from fovi_ref.check.verify import forward_and_grads
+from fovi_ref.reference import knn_conv_reference
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 STYLES = ("normal", "wide", "tiny", "integers")

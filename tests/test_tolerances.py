@@ -11,13 +11,6 @@ import torch.nn.functional as F
 from conftest import FUSED_BIAS_BACKENDS
 
 from fovi_ref import KNNMeta, get_ops
-from fovi_ref.reference import (
-    knn_conv_magnitude,
-    knn_conv_reference,
-    knn_conv_reference_grads,
-    knn_conv_term_counts,
-    shared_cell_meta,
-)
 from fovi_ref.check.check_ops import random_meta
 from fovi_ref.check.tolerances import (
     QUANTITIES,
@@ -25,8 +18,15 @@ from fovi_ref.check.tolerances import (
     error_bound,
     expected_quantities,
     gamma,
-    judge,
     judge_elementwise,
+    relative_error,
+)
+from fovi_ref.reference import (
+    knn_conv_magnitude,
+    knn_conv_reference,
+    knn_conv_reference_grads,
+    knn_conv_term_counts,
+    shared_cell_meta,
 )
 
 LOW = [torch.float16, torch.bfloat16]
@@ -35,6 +35,14 @@ BACKENDS = ("einsum_baseline", "general", "gather_gemm")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def scale_rule_ok(value: torch.Tensor, ref: torch.Tensor) -> bool:
+    """The rule relative to ``max |ref|`` that the elementwise rule replaced, kept here only as
+    the contrast these tests draw: ``max |value - ref| / max |ref|`` within an absolute ceiling
+    per dtype (1e-12, 1e-5, then 8 unit roundoffs in float16/bfloat16)."""
+    ceiling = {torch.float64: 1e-12, torch.float32: 1e-5}.get(value.dtype)
+    return relative_error(value, ref) <= (ceiling or 8 * UNIT_ROUNDOFF[value.dtype])
 
 
 def one_to_one_meta(n: int = 1) -> KNNMeta:
@@ -197,7 +205,7 @@ def test_k1_v1_bias_cancellation(dtype):
         assert judge_elementwise(value, fused).ok
     assert not judge_elementwise(twice, fused).ok
     assert judge_elementwise(twice, separate).ok
-    assert judge(twice, fused.value).ok  # the earlier rule sees nothing wrong
+    assert scale_rule_ok(twice, fused.value)  # the earlier rule sees nothing wrong
 
 
 @pytest.mark.parametrize("backend", FUSED_BIAS_BACKENDS)
@@ -240,7 +248,7 @@ def test_gradients_cancelling_on_a_shared_input(dtype):
         for name, value in candidates.items():
             verdict = judge_elementwise(value, expected)
             assert verdict.ok, f"seed {seed} {name}: {verdict}"
-        old_failures += not judge(candidates["einsum_baseline"], expected.value).ok
+        old_failures += not scale_rule_ok(candidates["einsum_baseline"], expected.value)
     assert old_failures > 100
 
 
@@ -269,7 +277,7 @@ def test_oracle_in_lower_precision_passes_where_everything_cancels(dtype):
         verdict = judge_elementwise(get_ops(name).forward(meta, x, w, None), expected)
         assert verdict.ok, f"{name}: {verdict}"
     if dtype == torch.float32:  # every sum cancels to 1e-3 of its terms: the old rule gives up
-        assert not judge(oracle, expected.value).ok
+        assert not scale_rule_ok(oracle, expected.value)
 
 
 # ---------------------------------------------------- the rule fails errors of one term's size

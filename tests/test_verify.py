@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fovi_ref import get_ops, register_ops, unregister_ops
-from fovi_ref.geometry import get_layer
 from fovi_ref.check.verify import BASELINE, verify_meta
+from fovi_ref.geometry import get_layer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

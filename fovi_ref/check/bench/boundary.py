@@ -138,9 +138,15 @@ def run(scale: bool = True) -> dict[str, float]:
     print("boundary: forward + backward through knn_conv / the same arithmetic in plain torch")
     results = {}
     for label, ratio in boundary_ratios().items():
-        target = f"target <= {targets.BOUNDARY.at_most}" if label.startswith("gather_gemm") else "no target"
+        target = (
+            f"target <= {targets.BOUNDARY.at_most}"
+            if label.startswith("gather_gemm")
+            else "no target"
+        )
         verdict = (
-            "" if "no target" in target else ("  met" if ratio <= targets.BOUNDARY.at_most else "  MISSED")
+            ""
+            if "no target" in target
+            else ("  met" if ratio <= targets.BOUNDARY.at_most else "  MISSED")
         )
         print(f"  {label:<18}{ratio:6.2f}   ({target}){verdict}")
         results[f"boundary {label}"] = ratio

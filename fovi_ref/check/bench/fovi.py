@@ -146,9 +146,13 @@ def run(args) -> int:
         )
         target = targets.FOVI.at_most if dtype_name == "float32" else None
         if target is None:
-            print(f"ref/best: fovi_ref / best (the target, <= {targets.FOVI.at_most}, holds float32 only)\n")
+            print(
+                f"ref/best: fovi_ref / best (the target, <= {targets.FOVI.at_most}, holds float32 only)\n"
+            )
         else:
-            print(f"ref/best: fovi_ref / best, target <= {targets.FOVI.at_most}, '!' marks a miss\n")
+            print(
+                f"ref/best: fovi_ref / best, target <= {targets.FOVI.at_most}, '!' marks a miss\n"
+            )
         print(format_table(rows, target))
         if target is not None:
             misses = sum(r["fovi_ref / best fovi"] > target for r in rows)

@@ -63,7 +63,11 @@ def run(names=None, repeats: int = 7, device: str = "cpu", dtype=torch.float32) 
     print(
         f"\nbatch scaling, {device} {dtype_name(dtype)}: routed backend / fovi's einsum, fwd + bwd"
     )
-    held = f"target <= {targets.SCALING.at_most}" if target else f"no target: <= {targets.SCALING.at_most} holds float32"
+    held = (
+        f"target <= {targets.SCALING.at_most}"
+        if target
+        else f"no target: <= {targets.SCALING.at_most} holds float32"
+    )
     print(f"cell: ms per sample of the routed backend, then the ratio ({held})")
     header = f"{'layer':<22}{'backend':<12}" + "".join(f"{'B=' + str(b):>13}" for b in BATCHES)
     print(header)

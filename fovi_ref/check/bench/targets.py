@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["BOUNDARY", "FOVI", "LAYERS", "NETWORK", "SCALE", "SCALING", "Target", "holding"]
+__all__ = ["ALL", "BOUNDARY", "FOVI", "LAYERS", "NETWORK", "SCALE", "SCALING", "Target", "holding"]
 
 
 def _k1(row: dict) -> bool:
@@ -62,6 +62,9 @@ SCALING = Target("routed / fovi einsum", 1.0, "every graph, batch 1 to 16")
 """``bench --batch-scaling``."""
 FOVI = Target("fovi_ref / fastest fovi 2.4.0 backend", 0.8, "every layer")
 """``bench --fovi``: fovi_ref's routed backend / the fastest fovi contender."""
+
+ALL = (*LAYERS, BOUNDARY, SCALE, *NETWORK.values(), SCALING, FOVI)
+"""Every target, in the order the README's table lists them."""
 
 
 def holding(row: dict) -> list[Target]:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from fovi_ref import DTYPES, KNNMeta, route_layer
+from fovi_ref.check.check_ops import check_ops
 from fovi_ref.check.fovi.load import (
     BACKEND_ENV,
     INFERENCE_ONLY,
@@ -32,6 +33,21 @@ from fovi_ref.check.fovi.load import (
     require_fovi,
 )
 from fovi_ref.check.operands import QUANTITIES, forward_and_grads
+
+__all__ = [
+    "DispatchRecord",
+    "FoviOps",
+    "backend_accepts",
+    "check_fovi_ops",
+    "dispatch_table",
+    "fovi_backend",
+    "fovi_backends",
+    "fovi_contenders",
+    "fovi_dispatch",
+    "fovi_forward_and_grads",
+    "fovi_ops",
+    "to_fovi_meta",
+]
 
 
 # ------------------------------------------------------------------------- fovi's backends
@@ -272,17 +288,10 @@ class FoviOps:
 def check_fovi_ops(backend: str, *, path: str = "direct", **kwargs: Any) -> Any:
     """Judge fovi's ``backend`` at depth ``path`` with ``fovi_ref.check.check_ops.check_ops``.
 
-    Passes :class:`FoviOps` (which takes fovi_ref metas, so no ``to_meta`` is needed), fovi's
+    Passes :class:`FoviOps` (which takes fovi_ref metas), fovi's
     all-padding semantics for that path (``"zero"`` for the layer, ``"bias"`` below it) and the
     dtypes the backend accepts; ``kwargs`` go to ``check_ops``.
     """
-    try:
-        from fovi_ref.check.check_ops import check_ops
-    except ImportError as err:
-        raise RuntimeError(
-            "fovi_ref.check.check_ops.check_ops is not available in this checkout; "
-            "use verify_fovi() meanwhile"
-        ) from err
     ops = FoviOps(backend, path)
     kwargs.setdefault("all_padding", ops.all_padding)
     if "dtypes" in kwargs:

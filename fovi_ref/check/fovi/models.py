@@ -20,6 +20,15 @@ from fovi_ref.check.tolerances import (
     relative_error,
 )
 
+__all__ = [
+    "ModelComparison",
+    "TrainingComparison",
+    "compare_model",
+    "compare_training",
+    "fovi_ref_convs",
+    "random_batches",
+]
+
 
 # ------------------------------------------------------------------------ the user's adapter
 @contextmanager

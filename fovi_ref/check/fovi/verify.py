@@ -38,6 +38,17 @@ from fovi_ref.check.tolerances import (
     judge_elementwise,
 )
 
+__all__ = [
+    "FoviCheck",
+    "FoviFinding",
+    "format_fovi_table",
+    "fovi_findings",
+    "fovi_record",
+    "fovi_rows",
+    "run_fovi",
+    "verify_fovi",
+]
+
 
 # ---------------------------------------------------------------------------- verification
 @dataclass(frozen=True)
@@ -321,9 +332,7 @@ def run_fovi(args) -> int:
     print("auto: fovi's dispatcher choice with gradients on; route: fovi_ref's for the graph")
     print("a FAIL is fovi's result outside the bound; the lines below it say why\n")
     print(format_fovi_table(checks))
-    record = fovi_record(
-        checks, torch=torch.__version__, device=str(device), batch=args.batch
-    )
+    record = fovi_record(checks, torch=torch.__version__, device=str(device), batch=args.batch)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "verify_fovi.json").write_text(json.dumps(record, indent=1))
