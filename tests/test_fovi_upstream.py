@@ -26,6 +26,8 @@ from fovi_ref import (
 )
 from fovi_ref.check import fovi as upstream
 from fovi_ref.check.bench import make_inputs, time_contenders
+from fovi_ref.check.operands import QUANTITIES
+from fovi_ref.check.protocol import policed
 from fovi_ref.check.tolerances import UNIT_ROUNDOFF, relative_error
 from fovi_ref.geometry import resnet18_layers, resnet18_plan
 from fovi_ref.reference import knn_conv_reference
@@ -166,9 +168,7 @@ def test_every_fovi_backend_matches_the_oracle_on_fovis_layers(layers, name):
                 continue
             grad_y = None if backend == "torch_cached" else gy
             got = run(backend, x, w, b, grad_y, layer=rec.layer)
-            for quantity, value, ref, base in zip(
-                upstream.QUANTITIES, got, expected, baseline, strict=True
-            ):
+            for quantity, value, ref, base in zip(QUANTITIES, got, expected, baseline, strict=True):
                 if value is None:
                     continue
                 err, where = relative_error(value, ref), f"{backend} {dtype} {quantity}"
@@ -438,8 +438,9 @@ def test_fovi_ops_run_under_fovi_refs_custom_op():
             assert relative_error(y, expected[0]) < 1e-13
             if path == "direct":
                 # Called directly, torch_compact hands back float32 gradients for float64
-                # operands; fovi_ref's op boundary refuses them, naming the backend.
-                with pytest.raises(RuntimeError, match=f"{ops.name}' returned .* torch.float32"):
+                # operands; the harness's policing refuses them, naming the backend.
+                y = knn_conv(x, w, b, meta, backend=policed(ops))
+                with pytest.raises(TypeError, match=f"{ops.name}' returned .* torch.float32"):
                     torch.autograd.grad(y, (x, w, b), gy)
                 continue
             got = (y, *torch.autograd.grad(y, (x, w, b), gy))
