@@ -15,7 +15,7 @@
     grad_weight_of_operand(meta, grad_y, operand) -> grad_w        backward keeps operand, not x
 
 results in the inputs' dtype; ``grad_bias`` (``grad_y`` summed over batch and nodes) lives here.
-The op trusts a backend; :func:`fovi_ref.check.check_ops` validates one and polices its results.
+The op trusts a backend; :mod:`fovi_ref.check.check_ops` validates one and polices its results.
 
 **Two doors.** Eager ``knn_conv`` runs :class:`_KNNConvFunction`, handed the meta itself: a few
 Python checks per call (``bench --boundary``: at most 1.5 times plain torch). While compiling or

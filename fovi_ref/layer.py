@@ -23,8 +23,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fovi_ref.knn_autograd import derive_for, get_ops, knn_conv, route
+from fovi_ref.knn_autograd import derive_for, knn_conv, route
 from fovi_ref.meta import KNNMeta, check_int
+from fovi_ref.registry import get_ops
 
 __all__ = ["KNNConv"]
 
@@ -75,11 +76,6 @@ class KNNConv(nn.Module):
             nn.init.zeros_(self.bias)
 
     # ------------------------------------------------------------------------------- the graph
-    @property
-    def backend_name(self) -> str:
-        """The backend forward runs: the forced one, else :func:`fovi_ref.route`'s choice."""
-        return self._backend or route(self.meta)
-
     @property
     def backend(self) -> str | None:
         """The forced backend, or ``None`` (routed). Setting it re-derives the graph's data."""

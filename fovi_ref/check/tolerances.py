@@ -27,7 +27,7 @@ its product and at most ``N - 1`` in the additions above it, so it arrives as
     |s_computed - s| <= gamma_N(u) * M,        M = sum_i |t_i|   (the *magnitude*)
 
 ``M`` is the float64 oracle run on absolute values
-(:func:`~fovi_ref.reference.knn_conv_magnitude`). Under cancellation ``|s| << M``: the error may be
+(:func:`~fovi_ref.check.magnitude.knn_conv_magnitude`). Under cancellation ``|s| << M``: the error may be
 large relative to the sum but never relative to its terms. That is the float32/float64 rule::
 
     bound = gamma_N(u) * M + N * eta
@@ -59,7 +59,7 @@ kinds of error:
       ``z[b, c, v, n] = sum_{k in cell v} x[b, c, knn[k, n]]`` (fovi's one-hot einsum stores them,
       so does ``general``). A neighbour alone in its cell is copied exactly, so only the terms of
       neighbours that share their cell with another real neighbour meet this rounding:
-      ``M_s`` = magnitude over those terms (:func:`~fovi_ref.reference.shared_cell_meta`),
+      ``M_s`` = magnitude over those terms (:func:`~fovi_ref.check.magnitude.shared_cell_meta`),
       ``h = 1`` store;
     - ``grad_x``: ``grad_z = W^T grad_y`` per (channel, cell, node) is stored before it is scattered
       onto the inputs (by every backend here). The scatter itself may add in the storage dtype:
@@ -93,7 +93,7 @@ Adding (a)-(e), with the cross terms of small factors kept so the bound is rigor
             + (1 + u) [gamma_h(u) M_s + (1 + gamma_h(u)) gamma_N(u32) M + N eta32]
 
 **Step 3: N for each quantity**, the exact number of terms of each element
-(:func:`~fovi_ref.reference.knn_conv_term_counts`):
+(:func:`~fovi_ref.check.magnitude.knn_conv_term_counts`):
 
 ===============  ===========================================  ================================
 quantity         terms ``N`` of one element                   bound on ``N``
@@ -142,14 +142,14 @@ from typing import Literal
 import torch
 
 from fovi_ref import KNNMeta, dtype_name
-from fovi_ref.check.operands import QUANTITIES
-from fovi_ref.reference import (
-    AllPadding,
+from fovi_ref.check.magnitude import (
     knn_conv_magnitude,
-    knn_conv_reference_grads,
     knn_conv_term_counts,
+    oracle_quantities,
     shared_cell_meta,
 )
+from fovi_ref.check.operands import QUANTITIES
+from fovi_ref.reference import AllPadding
 
 __all__ = [
     "ACCUMULATION",
@@ -240,7 +240,7 @@ def expected_quantities(
     if bias_rounding not in ("separate", "fused"):
         raise ValueError(f"bias_rounding must be 'separate' or 'fused', got {bias_rounding!r}")
     batch, c_out = x.shape[0], weight.shape[0]
-    ref = knn_conv_reference_grads(x, weight, bias, meta, grad_y, all_padding=all_padding)
+    ref = oracle_quantities(x, weight, bias, meta, grad_y, all_padding=all_padding)
     mag = knn_conv_magnitude(x, weight, bias, meta, grad_y, all_padding=all_padding)
     counts = knn_conv_term_counts(
         meta, c_out, batch, bias=bias is not None, all_padding=all_padding

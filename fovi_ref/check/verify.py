@@ -107,15 +107,15 @@ def run(args) -> bool:
                 }
             rows.append(row)
     print(f"\nverify on {device}, batch {args.batch}: forward and grad x/weight/bias vs float64")
-    print("cell: PASS/FAIL, then the worst quantity's error as a fraction of its bound\n")
+    print("cell: PASS/FAIL, then the worst element's |value - ref| / bound over the four (<= 1)\n")
     header = f"{'layer':<24}{'route':<13}{'backend':<17}" + "".join(f"{d:<16}" for d in args.dtypes)
-    print(header)
+    print(header.rstrip())
     for row in rows:
         cells = ""
         for d in args.dtypes:
             r = row[d]
             cells += f"{'PASS' if r['ok'] else 'FAIL'} {r['ratio']:<11.2f}"
-        print(f"{row['layer']:<24}{row['route']:<13}{row['backend']:<17}{cells}")
+        print(f"{row['layer']:<24}{row['route']:<13}{row['backend']:<17}{cells}".rstrip())
     total = len(rows) * len(dtypes)
     print(f"\n{total - failures} passed, {failures} failed")
     out = Path(args.out)
