@@ -253,8 +253,8 @@ def format_fovi_table(checks: Sequence[FoviCheck]) -> str:
     """The table of :func:`verify_fovi` (lines within 100 characters): one row per layer and
     fovi backend; per dtype ``PASS 0.35`` / ``FAIL 3e7``, the verdict over ``y`` and the three
     gradients and the worst element's error / bound; then fovi's dispatcher choice (``auto``,
-    gradients on) beside fovi_ref's ``route``. Below: the count, and each group of failures
-    with the side that is wrong and why."""
+    gradients on) beside fovi_ref's ``route``. Below: the count, then each diagnosis once (the
+    side that is wrong and why) with the groups of failures it explains."""
     rows = fovi_rows(checks)
     dtypes = list(dict.fromkeys(dtype_name(c.dtype) for c in checks))
     header = f"{'layer':<22}{'fovi backend':<14}" + "".join(f"{d:<10}" for d in dtypes)
@@ -274,15 +274,20 @@ def format_fovi_table(checks: Sequence[FoviCheck]) -> str:
         auto = "/".join(dict.fromkeys(row["dispatch"].values()))
         lines.append(f"{text}{auto:<13}{row['route']}")
     lines.append(f"\n{cells - failed} cells passed, {failed} failed")
-    findings = fovi_findings(checks)
-    if findings:
-        lines.append("failures, and the side that is wrong:")
-    for f in findings:
-        lines.append(
-            f"  {f.backend} {f.dtype} {' '.join(f.quantities)} "
-            f"({f.layers} layer{'s' * (f.layers != 1)}, worst {_ratio_text(f.worst_ratio)}):"
-        )
-        lines.append(f"    {f.side}: {f.reason}")
+    by_reason: dict[tuple[str, str], list[FoviFinding]] = {}
+    for f in fovi_findings(checks):  # each diagnosis once; the groups name the dtype
+        low = f.dtype in ("float16", "bfloat16")
+        generic = f.reason.replace(f.dtype, "16 bits") if low else f.reason
+        by_reason.setdefault((f.side, generic), []).append(f)
+    if by_reason:
+        lines.append("failures, by diagnosis (the side that is wrong: why), then the groups:")
+    for (side, reason), group in by_reason.items():
+        lines.append(f"  {side}: {reason}")
+        for f in group:
+            lines.append(
+                f"    {f.backend} {f.dtype} {' '.join(f.quantities)} "
+                f"({f.layers} layer{'s' * (f.layers != 1)}, worst {_ratio_text(f.worst_ratio)})"
+            )
     return "\n".join(lines)
 
 
