@@ -71,8 +71,9 @@ def _bench_epilog() -> str:
     lines += [f"  {t.name:<40} <= {t.at_most}" for t in targets.LAYERS]
     lines += ["with --network resnet18:"]
     lines += [f"  {t.name:<40} <= {t.at_most}" for t in targets.NETWORK.values()]
-    for flag, held in (("--boundary", (targets.BOUNDARY, targets.SCALE)), ("--fovi", (targets.FOVI,)),
-                       ("--batch-scaling", (targets.SCALING,))):  # fmt: skip
+    modes = (("--boundary", (targets.BOUNDARY, targets.SCALE)), ("--fovi", (targets.FOVI,)),
+             ("--batch-scaling", (targets.SCALING,)))  # fmt: skip
+    for flag, held in modes:
         lines += [f"with {flag}:", *(f"  {t.name:<40} <= {t.at_most}" for t in held)]
     lines += ["Definitions: fovi_ref/check/bench/targets.py."]
     return "\n".join(lines)

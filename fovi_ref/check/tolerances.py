@@ -27,8 +27,8 @@ its product and at most ``N - 1`` in the additions above it, so it arrives as
     |s_computed - s| <= gamma_N(u) * M,        M = sum_i |t_i|   (the *magnitude*)
 
 ``M`` is the float64 oracle run on absolute values
-(:func:`~fovi_ref.check.magnitude.knn_conv_magnitude`). Under cancellation ``|s| << M``: the error may be
-large relative to the sum but never relative to its terms. That is the float32/float64 rule::
+(:func:`~fovi_ref.check.magnitude.knn_conv_magnitude`). Under cancellation ``|s| << M``: the error
+may be large relative to the sum but never relative to its terms. That is the float32/float64 rule::
 
     bound = gamma_N(u) * M + N * eta
 

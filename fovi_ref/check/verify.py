@@ -3,8 +3,8 @@
 For each dtype the operands are drawn in float64 from a fixed seed and rounded to the dtype; the
 oracle then runs in float64 on those *rounded* values, so a backend is judged on its own
 arithmetic only, element by element, with the rule of :mod:`fovi_ref.check.tolerances`
-(:func:`~fovi_ref.check.tolerances.judge_elementwise`). ``einsum_baseline`` in the same dtype is judged
-by the same rule and its worst ratio is reported beside every verdict (not judged).
+(:func:`~fovi_ref.check.tolerances.judge_elementwise`). ``einsum_baseline`` in the same dtype is
+judged by the same rule and its worst ratio is reported beside every verdict (not judged).
 """
 
 from __future__ import annotations

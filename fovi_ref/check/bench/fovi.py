@@ -12,7 +12,8 @@ On each fovi-resnet18 layer (batch 64, the stem 16), forward + backward (gradien
 All of one layer's contenders are timed in interleaved rounds in one process
 (:func:`fovi_ref.check.bench.timing.time_contenders`), so the ratios hold on a noisy machine. The
 column ``fovi_ref / best fovi`` divides fovi_ref's median by the fastest fovi contender's; its
-target is :data:`fovi_ref.check.bench.targets.FOVI`. Layers sharing a graph and channel count are timed once.
+target is :data:`fovi_ref.check.bench.targets.FOVI`. Layers sharing a graph and channel count
+are timed once.
 """
 
 from __future__ import annotations
@@ -146,9 +147,8 @@ def run(args) -> int:
         )
         target = targets.FOVI.at_most if dtype_name == "float32" else None
         if target is None:
-            print(
-                f"ref/best: fovi_ref / best (the target, <= {targets.FOVI.at_most}, holds float32 only)\n"
-            )
+            limit = targets.FOVI.at_most
+            print(f"ref/best: fovi_ref / best (the target, <= {limit}, holds float32 only)\n")
         else:
             print(
                 f"ref/best: fovi_ref / best, target <= {targets.FOVI.at_most}, '!' marks a miss\n"

@@ -1,11 +1,13 @@
 """The whole-network figure: ``python -m fovi_ref bench --network resnet18``.
 
 Forward + backward (every parameter's gradient) of the fovi-resnet18 trunk
-(:class:`fovi_ref.check.network.ResNet18Trunk`: 20 KNN convs with BatchNorm, ReLU, the max pool and the
-residual adds, as fovi wires them), with every convolution routed by the dispatcher, against the
-same trunk with every convolution on ``einsum_baseline`` (fovi's arithmetic). Both start from one
+(:class:`fovi_ref.check.network.ResNet18Trunk`: 20 KNN convs with BatchNorm, ReLU, the max
+pool and the residual adds, as fovi wires them), with every convolution routed by the
+dispatcher, against the same trunk with every convolution on ``einsum_baseline`` (fovi's
+arithmetic). Both start from one
 state dict and see one input; time is the median of interleaved rounds, memory the peak bytes
-allocated during one step. Targets (time, routed / einsum): :data:`fovi_ref.check.bench.targets.NETWORK`.
+allocated during one step. Targets (time, routed / einsum):
+:data:`fovi_ref.check.bench.targets.NETWORK`.
 """
 
 from __future__ import annotations

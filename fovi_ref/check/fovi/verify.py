@@ -54,8 +54,8 @@ __all__ = [
 @dataclass(frozen=True)
 class FoviCheck:
     """One fovi backend's result for one quantity in one dtype on one layer, judged by fovi_ref's
-    elementwise rule (:func:`fovi_ref.check.tolerances.judge_elementwise`), fovi's ``baseline`` in the
-    same dtype reported beside it.
+    elementwise rule (:func:`fovi_ref.check.tolerances.judge_elementwise`), fovi's ``baseline``
+    in the same dtype reported beside it.
 
     ``side`` and ``reason`` say, for a failed check, which side is wrong and why, as far as
     :func:`verify_fovi` could show it (empty for a pass): ``"fovi"`` where the evidence is in
@@ -109,17 +109,16 @@ def verify_fovi(
     """Every fovi backend that runs here on every layer in every dtype, through fovi's own
     layers (the ``"layer"`` path: what users run), judged by fovi_ref's elementwise rule.
 
-    Operands (:func:`fovi_ref.check.operands.sample_operands`) are drawn in float64 and rounded to each
-    dtype; the oracle and the bounds (:func:`~fovi_ref.check.tolerances.expected_quantities`, with
-    fovi's layer's reading of all-padding nodes, ``all_padding="zero"``) are computed in float64
-    from the rounded values, so only fovi's arithmetic is judged, by the rule fovi_ref's own
-    backends meet (``python -m fovi_ref verify``). Each training-capable backend gives ``y`` and
-    the gradients of ``x``, ``weight`` and ``bias`` (a bias is supplied although fovi's layers
-    have none by default); inference-only ones (``torch_cached`` on CPU) give ``y``, under
-    ``no_grad``. ``layers`` defaults to fovi-resnet18's 20 on ``device``; ``on_layer(i, n,
-    name)`` is called before each layer (a progress line).
+    Operands (:func:`fovi_ref.check.operands.sample_operands`) are drawn in float64 and rounded to
+    each dtype; the oracle and the bounds (:func:`~fovi_ref.check.tolerances.expected_quantities`,
+    with fovi's layer's reading of all-padding nodes, ``all_padding="zero"``) are computed in
+    float64 from the rounded values, so only fovi's arithmetic is judged, by the rule fovi_ref's own
+    backends meet (``python -m fovi_ref verify``). Each training-capable backend gives ``y`` and the
+    gradients of ``x``, ``weight`` and ``bias`` (a bias is supplied although fovi's layers have none
+    by default); inference-only ones (``torch_cached`` on CPU) give ``y``, under ``no_grad``.
+    ``layers`` defaults to fovi-resnet18's 20 on ``device``; ``on_layer(i, n, name)`` is called
+    before each layer (a progress line).
     """
-
     layers = fovi_resnet18_layers(device) if layers is None else layers
     if backends is None:
         backends = fovi_backends(device) + fovi_backends(device, training=False)
