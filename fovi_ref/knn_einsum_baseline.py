@@ -11,19 +11,13 @@ einsum (``x_cells = sum_k x_nbr * local_rf``, one small matmul per node), and ap
 steps; :meth:`EinsumBaselineOps.grad_input` writes the same adjoint steps out by hand (transpose of
 the linear, of the einsum, and a ``scatter_add_`` for the gather).
 
-This module is written from that description (fovi at commit bf792c2, and 2.4.0's
-``.contiguous()`` before the linear). Checked against fovi 2.4.0's own ``KNNConvLayer`` on all 20
-fovi-resnet18 layers in float64 (``tests/test_fovi_upstream.py``), forward and gradients agree bit
-for bit. Benchmarks and notebooks measure the other backends against it.
-
-One semantic difference from later fovi: a newer upstream revision zeroes the output of a node
-whose neighbours are all padding; here (and in every fovi_ref backend) such a node outputs the
-bias, as the formula says. No fovi-resnet18 graph has such a node.
-
-Non-finite inputs behave as in fovi, not as the formula: the one-hot einsum multiplies every
-gathered feature by the zeros of the other cells, so an ``inf`` in ``x`` becomes ``nan`` in every
-cell of that node when V > 1 (``inf * 0``), and a ``nan`` spreads to every cell column of the
-weight gradient. The other backends never multiply by those zeros.
+Written from that description (fovi at commit bf792c2, plus 2.4.0's ``.contiguous()`` before the
+linear), it agrees bit for bit with fovi 2.4.0's ``KNNConvLayer`` on all 20 fovi-resnet18 layers
+in float64, forward and gradients (``tests/test_fovi_upstream.py``), except that fovi 2.4.0's
+layer zeroes all-padding nodes, which output the bias here as in the formula (no fovi-resnet18
+graph has one). Non-finite inputs behave as in fovi: the one-hot einsum multiplies every gathered
+feature by the zeros of the other cells, so with V > 1 an ``inf`` in ``x`` becomes ``nan``
+(``inf * 0``) in the node's other cells and in every cell column of the weight gradient.
 """
 
 from __future__ import annotations
@@ -39,8 +33,7 @@ NAME = "einsum_baseline"
 
 
 def derive(meta: KNNMeta) -> Derived:
-    """fovi keeps the dense one-hot ``local_rf [Nout, K, V]`` as a layer buffer; so does this
-    backend (float32, cast to the compute dtype per call: the one-hot values are exact)."""
+    """fovi's dense one-hot ``local_rf [Nout, K, V]`` (float32; cast per call, exactly)."""
     return {"local_rf": meta.local_rf(torch.float32)}
 
 

@@ -25,17 +25,12 @@ multiply-adds, against ``B*Cin*Nout`` for an index scatter, so it only pays whil
 small: above :data:`DENSE_S_BUDGET` (per device type) ``grad_input`` takes the index path
 (``index_add_``) instead, with the same result up to summation order.
 
-**Layouts.** The gather writes ``x_rows`` directly. ``G`` is folded by swapping the two outer
-axes of ``grad_y [B, Cout, Nout]``, which copies whole runs of ``Nout`` values (2 to 4 times
-faster than the element-wise transpose of every ``[Cout, Nout]`` block that a fold into rows
-needs), once per backward (:meth:`GatherGemmOps.grad_y_layout`, which the autograd layer calls):
-both gradients read that one copy. The only element-wise fold left is the smallest tensor,
-``d [B*Nout, Cin]``, on its way to the scatter. In eager mode the backward reads the rows the
-forward gathered (:meth:`GatherGemmOps.forward_with_operand`), so ``x`` is gathered once.
-
-**Derived data** (:func:`derive`, kept on the meta or as a layer's buffers): the gather index,
-the padding nodes, and ``S`` itself (in float32) for every graph small enough for any device's
-budget. Nothing is cached anywhere else.
+**Layouts.** The gather writes ``x_rows`` directly. ``G`` is folded once per backward
+(:meth:`GatherGemmOps.grad_y_layout`) by swapping the outer axes of ``grad_y``, which moves whole
+runs of ``Nout`` values, and both gradients read that copy; in eager mode the weight gradient
+reads the rows the forward gathered (:meth:`GatherGemmOps.forward_with_operand`). **Derived
+data** (:func:`derive`, kept on the meta): the gather index, the padding nodes, and ``S`` (float32)
+for every graph small enough for any device's budget.
 """
 
 from __future__ import annotations
@@ -60,13 +55,10 @@ __all__ = [
 NAME = "gather_gemm"
 
 # Largest Nout*Nin for which grad_input multiplies by the dense S rather than scattering with
-# index_add_. CPU: derived by fovi_ref.check.bench.budget.derive_budget from the sweep stored in
-# notebooks/03_scatter_matrix_budget.ipynb: there the dense path is faster beyond the measured
-# noise band at no swept size (it ties on the smallest graphs, res18_ds4's included, and is slower
-# on all others), so 0: the index path everywhere. tests/test_notebook_claims.py fails when this
-# value disagrees with the stored sweep. CUDA: not measured (no GPU was available); the
-# seed design note sizes S for the res18 downsamples ("a few 1e4"), so the value keeps S dense up
-# to 2**20 elements (4 MiB in float32), which covers all three.
+# index_add_. CPU: derived from the sweep stored in notebooks/03_scatter_matrix_budget.ipynb, where
+# the dense path is faster beyond the noise band at no swept size, so 0 (tests/test_notebook_claims
+# fails when the stored sweep disagrees). CUDA: not measured (no GPU was available); the res18
+# downsamples' S hold 1e4 to 1e5 elements, and 2**20 (4 MiB in float32) keeps all three dense.
 DENSE_S_BUDGET: dict[str, int] = {"cpu": 0, "cuda": 2**20}
 S_MAX_ELEMENTS = 2**20
 """``S`` is derived (and kept) only for graphs up to this size, the largest budget above."""
@@ -85,9 +77,8 @@ def uses_dense_scatter(meta: KNNMeta, device: torch.device) -> bool:
 
 @contextmanager
 def forced_grad_input_path(path: str, device_type: str = "cpu") -> Iterator[None]:
-    """Within the block, ``grad_input`` on ``device_type`` takes ``path`` ("dense" S GEMM or
-    "index" scatter) for every graph that has an ``S``; the budget is restored on exit. A
-    measuring and testing knob: it changes a module constant, so do not use it from threads."""
+    """Within the block ``grad_input`` on ``device_type`` takes ``path`` ("dense" S GEMM or
+    "index" scatter) wherever an ``S`` exists: a measuring knob that edits a module constant."""
     if path not in ("dense", "index"):
         raise ValueError(f"path must be 'dense' or 'index', got {path!r}")
     saved = DENSE_S_BUDGET.get(device_type)
@@ -124,13 +115,9 @@ def derive(meta: KNNMeta) -> Derived:
 
 def _gathered_rows(data: Derived, x: torch.Tensor) -> torch.Tensor:
     """``x_rows [B*Nout, Cin]``: row ``b*Nout + n`` holds ``x[b, :, idx[n]]`` (0 for padding).
-
-    Indexing the node axis of the ``[B, Nin, Cin]`` view writes the rows directly in one pass
-    (on a 2-core CPU as fast as ``torch.gather`` plus a fold copy, and 2 to 5 times faster than
-    ``index_select`` on that view). The result follows the layout of ``x``: contiguous for a
-    contiguous ``x`` or one in fovi's layout, so the final reshape is then a view; for other
-    layouts (a batch-minor ``x``, say) it copies once.
-    """
+    Indexing the node axis of the ``[B, Nin, Cin]`` view writes the rows in one pass (2 to 5
+    times faster than ``index_select`` on a 2-core CPU) in the layout of ``x``: the reshape is a
+    view for a contiguous or fovi-layout ``x``, one copy otherwise."""
     index, padding = data["index"], data["padding"]
     x_rows = x.transpose(1, 2)[:, index]  # [B, Nout, Cin]
     if padding.numel():
@@ -192,10 +179,8 @@ class GatherGemmOps:
         ``(W^T grad_y) S``, or by an index scatter above the ``S`` budget."""
         data = meta.derived(NAME, derive)
         batch, c_in = grad_y.shape[0], weight.shape[1]
-        # d[b] = W^T @ grad_y[b], as ONE GEMM over the (b, n) rows: [B*Nout, Cout] @ [Cout, Cin]
-        # (the columns transposed, read in place). This orientation runs 10 to 40% faster in MKL
-        # than W^T @ G with its [Cin, B*Nout] result, which pays for the fold that follows: one
-        # small copy into the [B, Cin, Nout] layout that the scatter along the node axis wants.
+        # d[b] = W^T @ grad_y[b], as ONE GEMM over the (b, n) rows: [B*Nout, Cout] @ [Cout, Cin].
+        # 10 to 40% faster in MKL than W^T @ G, which pays for the small fold that follows.
         d_rows = _grad_y_columns(grad_y).t() @ weight  # [B*Nout, Cin]
         d_sel = d_rows.view(batch, meta.n_out, c_in).transpose(1, 2).contiguous()  # [B, Cin, Nout]
         if data["padding"].numel():
@@ -218,8 +203,7 @@ class GatherGemmOps:
     ) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, the gathered ``x_rows [B*Nout, Cin]`` ->
         ``grad_weight [Cout, Cin]``."""
-        # One GEMM contracting batch and nodes together: [Cout, B*Nout] @ [B*Nout, Cin]. With
-        # these operand layouts MKL does not split the contraction between threads, so the
-        # result does not depend on the thread count (with a transposed [Cin, B*Nout] as the
-        # right operand it did, in float64: tests/test_ordinary_use.py).
+        # One GEMM contracting batch and nodes: [Cout, B*Nout] @ [B*Nout, Cin]. With these
+        # operand layouts MKL keeps the contraction on one thread: the result does not depend
+        # on the thread count (tests/test_ordinary_use.py).
         return _grad_y_columns(grad_y) @ x_rows  # [Cout, Cin]

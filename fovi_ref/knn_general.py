@@ -26,26 +26,19 @@ operation, a *segment sum* (each output row adds up the input rows listed for it
 list of (cell row, neighbour row) pairs with the roles of source and destination swapped: the
 backward is the transpose of the forward gather.
 
-**Layout.** Features are kept as *rows of a batch*: one row per (channel, node), holding that
-node's ``B`` values. Every gather and scatter then moves whole contiguous rows, which on a CPU is
-far faster than picking single elements along the last axis of ``[B, Cin, Nin]`` (measured here:
-0.15 ms against 10 ms for a res18 layer1-sized gather at batch 64), and the binned ``z`` comes out
-already in the layout of the single GEMM. It costs one transposing copy on the way in and one on
-the way out, and index lists ``Cin`` times longer than the graph (derived once per graph and kept
-on the meta, or as a layer's buffers: see :func:`derive`).
+**Layout.** Features are kept as *rows*: one row per (channel, node) holding its ``B`` values, so
+every gather and scatter moves whole contiguous rows (on a CPU 0.15 ms against 10 ms for a res18
+layer1-sized gather at batch 64 along the last axis of ``[B, Cin, Nin]``), and ``z`` comes out in
+the GEMM's layout. The cost: one transposing copy in, one out, and index lists ``Cin`` times
+longer than the graph (derived once, :func:`derive`). The GEMM adds the bias inside (one
+rounding) and writes rows ordered (node, batch); one copy puts them in fovi's layout.
 
-**Determinism.** A segment sum is usually written with ``index_add_``, whose CUDA kernel adds with
-atomics, so its float rounding depends on thread timing. Here it runs in *rounds* instead: round
-``r`` adds every destination's ``r``-th contribution, no destination appears twice in a round, and
-so each round is a row gather followed by an ``index_copy_`` with distinct indices. The summation
-order is then fixed (increasing ``k``) and both passes are deterministic on every device. There
-are as many rounds as the largest number of contributions to one row (a few for cells, about K
-for inputs). :func:`segment_sum_naive` is the same sum written the usual way, with one
-``index_add_``, kept beside it as the readable version; the tests hold the two against each
-other, and the rounds against a sequential loop over ``k``, bit for bit.
-
-The output leaves in fovi's layout (:mod:`fovi_ref.layout`): the GEMM runs with the bias inside
-(one rounding) and writes rows ordered (node, batch), which one copy puts into that layout.
+**Determinism.** A segment sum is usually one ``index_add_``, which on CUDA adds with atomics.
+:func:`segment_sum_naive` is that version, kept beside the one used: :func:`segment_sum` runs in
+*rounds*, round ``r`` adding every destination's ``r``-th contribution (no destination twice in a
+round: a row gather and an ``index_copy_``), so the summation order is fixed (increasing ``k``)
+and deterministic on every device. The tests hold the two against each other, and the rounds
+against a sequential loop over ``k``, bit for bit.
 """
 
 from __future__ import annotations
@@ -72,16 +65,11 @@ NAME = "general"
 
 @dataclass(frozen=True)
 class SegmentSumPlan:
-    """How to compute ``out[d] = sum_{(d, s) in entries} values[s]`` (rows) in rounds.
-
-    Attributes:
-        size: number ``D`` of output rows.
-        first: ``[D]`` the source row of every destination's first contribution (0, a dummy,
-            where it has none); round 0 is one gather that writes every output row.
-        empty: destinations with no contribution, zeroed after round 0.
-        rounds: ``(dst, src)`` pairs for the second, third, ... contributions; within one round
-            every ``dst`` entry is distinct.
-    """
+    """How to compute ``out[d] = sum_{(d, s) in entries} values[s]`` (rows) in rounds, for
+    ``size = D`` output rows: ``first [D]``, every destination's first source row (a dummy 0 where
+    it has none; round 0 is one gather writing every row), ``empty``, the destinations zeroed
+    after round 0, and ``rounds``, ``(dst, src)`` pairs of later contributions, ``dst`` distinct
+    within a round."""
 
     size: int
     first: torch.Tensor
@@ -89,8 +77,7 @@ class SegmentSumPlan:
     rounds: tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
     def as_derived(self, prefix: str) -> Derived:
-        """The plan as named tensors (``prefix.first``, ``prefix.empty``, ``prefix.dst1``, ...),
-        the form in which derived data is stored and handed to the custom op."""
+        """The plan as named tensors (``prefix.first``, ``prefix.dst1``, ...), as derived data."""
         data = {f"{prefix}.first": self.first, f"{prefix}.empty": self.empty}
         for r, (dst, src) in enumerate(self.rounds, 1):
             data[f"{prefix}.dst{r}"], data[f"{prefix}.src{r}"] = dst, src
@@ -108,11 +95,8 @@ class SegmentSumPlan:
 
 
 def build_segment_sum_plan(dst: torch.Tensor, src: torch.Tensor, size: int) -> SegmentSumPlan:
-    """Split the entries ``(dst[e], src[e])`` into collision-free rounds.
-
-    Entries that share a destination keep their relative order, so contributions are summed in
-    the order the entries are listed.
-    """
+    """Split the entries ``(dst[e], src[e])`` into collision-free rounds; entries sharing a
+    destination keep their order, so contributions are summed in the order listed."""
     order = torch.argsort(dst, stable=True)
     dst, src = dst[order], src[order]  # [E] grouped by destination
     count = torch.bincount(dst, minlength=size)  # [D] contributions per destination
@@ -209,13 +193,9 @@ transposes its product, and the forward makes the binned rows contiguous."""
 
 def _weight_t_times(weight: torch.Tensor, grad_y_cols: torch.Tensor) -> torch.Tensor:
     """``weight^T @ grad_y_cols``: ``[Cin*V, Cout] @ [Cout, M] -> [Cin*V, M]``, contiguous.
-
-    Where ``M = Nout*B`` is tiny (at most :data:`FEW_COLUMNS`: layer4 up to batch 8), MKL
-    computes this product written as ``(grad_y_cols^T @ weight)^T`` 2 to 10 times faster
-    (measured on a 2-core CPU: 0.16 against 1.6 ms for layer4.0.conv2 at batch 1), and the
-    transposing copy that follows is tiny too. Elsewhere both take about as long, and the copy
-    would not be tiny.
-    """
+    Where ``M = Nout*B`` is at most :data:`FEW_COLUMNS` (layer4 up to batch 8), MKL runs it as
+    ``(grad_y_cols^T @ weight)^T`` 2 to 10 times faster (0.16 against 1.6 ms for layer4.0.conv2 at
+    batch 1 on a 2-core CPU), and the transposing copy is tiny; elsewhere it is not worth it."""
     if grad_y_cols.shape[1] <= FEW_COLUMNS:
         return (grad_y_cols.t() @ weight).t().contiguous()
     return weight.t() @ grad_y_cols

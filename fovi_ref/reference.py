@@ -34,11 +34,6 @@ __all__ = ["AllPadding", "knn_conv_reference"]
 AllPadding = Literal["bias", "zero"]
 
 
-def _check_all_padding(all_padding: str) -> None:
-    if all_padding not in ("bias", "zero"):
-        raise ValueError(f"all_padding must be 'bias' or 'zero', got {all_padding!r}")
-
-
 def knn_conv_reference(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -64,7 +59,8 @@ def knn_conv_reference(
         through it gives the reference gradients too, with the same readings of padding and
         non-finite values (no term, so no gradient, for a padding neighbour).
     """
-    _check_all_padding(all_padding)
+    if all_padding not in ("bias", "zero"):
+        raise ValueError(f"all_padding must be 'bias' or 'zero', got {all_padding!r}")
     if compute_dtype not in (torch.float64, torch.float32):
         raise ValueError(f"compute_dtype must be float64 or float32, got {compute_dtype}")
     x = x.to(compute_dtype)

@@ -1,9 +1,5 @@
-"""The registry of backends: the objects ``knn_conv`` can run, by name.
-
-A backend follows the protocol written down in :mod:`fovi_ref.knn_autograd`. The three built-in
-ones are registered on import; :func:`register_ops` adds another (validate it first with
-:func:`fovi_ref.check.check_protocol`).
-"""
+"""The backends ``knn_conv`` can run, by name: the three built-in ones, registered on import, and
+any other following the protocol of :mod:`fovi_ref.knn_autograd` (:func:`register_ops`)."""
 
 from __future__ import annotations
 
