@@ -35,9 +35,6 @@ for every graph small enough for any device's budget.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 
 from fovi_ref.layout import linear_rows, y_from_rows
@@ -47,7 +44,6 @@ __all__ = [
     "DENSE_S_BUDGET",
     "GatherGemmOps",
     "derive",
-    "forced_grad_input_path",
     "gather_gemm_applies",
     "uses_dense_scatter",
 ]
@@ -73,23 +69,6 @@ def uses_dense_scatter(meta: KNNMeta, device: torch.device) -> bool:
     """True when ``grad_input`` for ``meta`` on ``device`` multiplies by the dense ``S``."""
     budget = DENSE_S_BUDGET.get(device.type, DENSE_S_BUDGET["cuda"])
     return meta.n_out * meta.n_in <= min(budget, S_MAX_ELEMENTS)
-
-
-@contextmanager
-def forced_grad_input_path(path: str, device_type: str = "cpu") -> Iterator[None]:
-    """Within the block ``grad_input`` on ``device_type`` takes ``path`` ("dense" S GEMM or
-    "index" scatter) wherever an ``S`` exists: a measuring knob that edits a module constant."""
-    if path not in ("dense", "index"):
-        raise ValueError(f"path must be 'dense' or 'index', got {path!r}")
-    saved = DENSE_S_BUDGET.get(device_type)
-    DENSE_S_BUDGET[device_type] = S_MAX_ELEMENTS if path == "dense" else -1
-    try:
-        yield
-    finally:
-        if saved is None:
-            del DENSE_S_BUDGET[device_type]
-        else:
-            DENSE_S_BUDGET[device_type] = saved
 
 
 def derive(meta: KNNMeta) -> Derived:
