@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from fovi_ref import DTYPES, KNNMeta, available_ops, dtype_name, get_ops, route
-from fovi_ref.check.jobs import layer_names, progress
+from fovi_ref.check.jobs import LOW_AND_SINGLE, layer_names, progress
 from fovi_ref.check.operands import QUANTITIES, forward_and_grads, sample_operands
 from fovi_ref.check.tolerances import BiasRounding, Verdict, expected_quantities, judge_elementwise
 from fovi_ref.geometry import get_layer
@@ -53,7 +53,7 @@ def verify_meta(
     meta: KNNMeta,
     out_channels: int,
     *,
-    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16),
+    dtypes: tuple[torch.dtype, ...] = tuple(DTYPES[d] for d in LOW_AND_SINGLE),
     batch: int = 4,
     seed: int = 0,
     bias_rounding: BiasRounding = "fused",
