@@ -1,8 +1,6 @@
 """``python -m fovi_ref``: the harness's command line (:mod:`fovi_ref.check.cli`)."""
 
-import sys
-
 from fovi_ref.check.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -8,10 +8,9 @@ with stride ``s`` and zero padding ``p`` is then a KNN convolution with
   ``(ro*s - p + i, co*s - p + j)``, or padding (``n_in``) where that falls outside the image,
 - ``rf_index[n, k] = k``: every kernel tap is its own reference cell.
 
-With that numbering ``conv_weight [Cout, Cin, kh, kw].reshape(Cout, Cin*kh*kw)`` is exactly the
-KNN weight (column ``c*V + i*kw + j``), so ``F.conv2d`` becomes an independent oracle: a ``1x1``
-stride-2 conv is a ``K = V = 1`` graph (fovi-resnet18's downsample class) and a ``3x3`` conv with
-padding 1 is a ``K = V = 9`` graph with padding neighbours along the border.
+Then ``conv_weight.reshape(Cout, Cin*kh*kw)`` is the KNN weight, and ``F.conv2d`` an independent
+oracle: a ``1x1`` stride-2 conv is a ``K = V = 1`` graph (fovi-resnet18's downsample class), a
+``3x3`` conv with padding 1 a ``K = V = 9`` graph with padding along the border.
 """
 
 from __future__ import annotations
@@ -25,16 +24,9 @@ from fovi_ref.meta import KNNMeta
 __all__ = ["conv2d_grid_meta", "square_grid_for", "to_grid", "to_nodes"]
 
 
-def conv2d_grid_meta(
-    height: int,
-    width: int,
-    *,
-    kernel_size: int,
-    stride: int = 1,
-    padding: int = 0,
-    in_channels: int,
-    device: torch.device | str = "cpu",
-) -> KNNMeta:
+def conv2d_grid_meta(height: int, width: int, *, kernel_size: int, stride: int = 1,
+                     padding: int = 0, in_channels: int, device: torch.device | str = "cpu",
+                     ) -> KNNMeta:  # fmt: skip
     """The KNN graph of ``F.conv2d(x, w, stride=stride, padding=padding)`` on an image
     ``[B, Cin, height, width]`` with a square ``kernel_size`` kernel (see the module docstring)."""
     sizes = {"height": height, "width": width, "kernel_size": kernel_size, "stride": stride}

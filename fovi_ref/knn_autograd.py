@@ -17,11 +17,10 @@
 results in the inputs' dtype; ``grad_bias`` (``grad_y`` summed over batch and nodes) lives here.
 The op trusts a backend; :mod:`fovi_ref.check.check_ops` validates one and polices its results.
 
-**Two doors.** Eager ``knn_conv`` runs :class:`_KNNConvFunction`, handed the meta itself: a few
-Python checks per call (``bench --boundary``: at most 1.5 times plain torch). While compiling or
-exporting it calls the custom op ``fovi_ref::knn_conv`` (a fake gives ``y``'s strides; the
-backward is two more custom ops), passing the graph as tensors and ints from which it rebuilds a
-trusted meta. ``torch.autocast`` casts the operands as for ``F.linear``. First order only.
+**Two doors.** Eager ``knn_conv`` runs :class:`_KNNConvFunction`, handed the meta: a few Python
+checks per call (``bench --boundary``: at most 1.5 times plain torch). While compiling it calls
+the custom op ``fovi_ref::knn_conv`` (a fake gives ``y``'s strides; the backward is two more
+ops) with the graph as tensors and ints. Autocast casts as for ``F.linear``. First order only.
 """
 
 from __future__ import annotations

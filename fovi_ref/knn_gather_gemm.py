@@ -18,12 +18,11 @@ notebooks/02_algebraic_reduction.ipynb), with ``G = grad_y`` folded to ``[Cout, 
     grad_x[b]   = (weight^T @ grad_y[b]) @ S            S[n, i] = 1 if idx[n] = i (real neighbour)
     grad_bias   = sum_{b, n} grad_y[b, :, n]            one reduction (done by the autograd layer)
 
-``S [Nout, Nin]`` is the dense one-hot *scatter matrix*. Multiplying by it sums the gradients of
-output nodes that share an input (collisions) inside the GEMM's accumulators, and leaves padding
-nodes' rows all zero. It costs ``Nout*Nin`` elements of memory and ``B*Cin*Nout*Nin``
-multiply-adds, against ``B*Cin*Nout`` for an index scatter, so it only pays while ``Nout*Nin`` is
-small: above :data:`DENSE_S_BUDGET` (per device type) ``grad_input`` takes the index path
-(``index_add_``) instead, with the same result up to summation order.
+``S [Nout, Nin]``, the dense one-hot *scatter matrix*, sums the gradients of outputs that share an
+input (collisions) inside the GEMM and leaves padding rows zero, at ``Nout*Nin`` elements and
+``B*Cin*Nout*Nin`` multiply-adds against ``B*Cin*Nout`` for an index scatter. Above
+:data:`DENSE_S_BUDGET` (per device type) ``grad_input`` takes the index path (``index_add_``)
+beside it instead: the same sum, in another order.
 
 **Layouts.** The gather writes ``x_rows`` directly. ``G`` is folded once per backward
 (:meth:`GatherGemmOps.grad_y_layout`) by swapping the outer axes of ``grad_y``, which moves whole
@@ -50,11 +49,9 @@ __all__ = [
 
 NAME = "gather_gemm"
 
-# Largest Nout*Nin for which grad_input multiplies by the dense S rather than scattering with
-# index_add_. CPU: derived from the sweep stored in notebooks/03_scatter_matrix_budget.ipynb, where
-# the dense path is faster beyond the noise band at no swept size, so 0 (tests/test_notebook_claims
-# fails when the stored sweep disagrees). CUDA: not measured (no GPU was available); the res18
-# downsamples' S hold 1e4 to 1e5 elements, and 2**20 (4 MiB in float32) keeps all three dense.
+# Largest Nout*Nin for which grad_input multiplies by the dense S. CPU: 0, the sweep stored in
+# notebook 03 finds the dense path faster beyond the noise band at no size (tests/test_notebook_
+# claims.py holds the two together). CUDA: unmeasured; 2**20 (4 MiB) keeps res18's three S dense.
 DENSE_S_BUDGET: dict[str, int] = {"cpu": 0, "cuda": 2**20}
 S_MAX_ELEMENTS = 2**20
 """``S`` is derived (and kept) only for graphs up to this size, the largest budget above."""
@@ -75,10 +72,9 @@ def derive(meta: KNNMeta) -> Derived:
     """The data this backend needs from a K = V = 1 graph (a pure function of ``meta``).
 
     - ``index [Nout]``: ``knn[0]`` with padding replaced by 0, so it is always safe to gather.
-    - ``padding [P]``: the output nodes whose neighbour is padding (empty for the res18
-      downsamples); their gathered features and scattered gradients are zeroed.
-    - ``scatter [Nout, Nin]`` float32: ``S[n, idx[n]] = 1`` for real neighbours, padding rows
-      zero; ``[0, Nin]`` when ``Nout*Nin > S_MAX_ELEMENTS``.
+    - ``padding [P]``: output nodes whose neighbour is padding (their values are zeroed).
+    - ``scatter [Nout, Nin]`` float32: ``S[n, idx[n]] = 1`` for real neighbours (``[0, Nin]``
+      above ``S_MAX_ELEMENTS``).
     """
     if not gather_gemm_applies(meta.k, meta.v):
         raise ValueError(f"gather_gemm needs a graph with K == 1 and V == 1, got {meta!r}")
@@ -105,9 +101,8 @@ def _gathered_rows(data: Derived, x: torch.Tensor) -> torch.Tensor:
 
 
 def _grad_y_columns(grad_y: torch.Tensor) -> torch.Tensor:
-    """``grad_y [B, Cout, Nout] -> [Cout, B*Nout]``, columns ordered ``b`` then ``n``: a view
-    in both layouts :meth:`GatherGemmOps.grad_y_layout` leaves (a transposed matrix in fovi's),
-    one copy otherwise."""
+    """``grad_y [B, Cout, Nout] -> [Cout, B*Nout]`` (columns ``b``-major): a view in both layouts
+    :meth:`GatherGemmOps.grad_y_layout` leaves."""
     return grad_y.transpose(0, 1).reshape(grad_y.shape[1], -1)
 
 
@@ -124,29 +119,24 @@ class GatherGemmOps:
 
     @staticmethod
     def grad_y_layout(grad_y: torch.Tensor) -> torch.Tensor:
-        """``grad_y`` in a layout whose ``[Cout, B*Nout]`` columns are a view: kept if it is in
-        fovi's layout (then they are a transposed matrix, which BLAS reads in place), else one
-        copy into ``[Cout, B, Nout]`` storage (moving whole runs of ``Nout``)."""
+        """``grad_y`` as is in fovi's layout (its columns are a transposed matrix BLAS reads in
+        place), else copied into ``[Cout, B, Nout]`` storage: either way the columns are a view."""
         if grad_y.transpose(1, 2).is_contiguous():
             return grad_y
         return grad_y.transpose(0, 1).contiguous().transpose(0, 1)  # [B, Cout, Nout]
 
     @staticmethod
-    def forward(
-        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
+    def forward(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """``x [B, Cin, Nin]``, ``weight [Cout, Cin]``, ``bias [Cout]`` -> ``y [B, Cout, Nout]``
         (fovi's layout)."""
         return GatherGemmOps.forward_with_operand(meta, x, weight, bias)[0]
 
     @staticmethod
-    def forward_with_operand(
-        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_with_operand(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
+                             bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:  # fmt: skip
         """``(y, x_rows)``: the forward and the gathered rows ``[B*Nout, Cin]`` its GEMM read,
-        which the weight gradient reads too (:meth:`grad_weight_of_operand`). Kept for the
-        backward instead of ``x``, they spare it a second gather and are smaller than ``x``
-        (``Nout < Nin``)."""
+        kept for the weight gradient instead of ``x`` (smaller, and no second gather)."""
         x_rows = _gathered_rows(meta.derived(NAME, derive), x)  # [B*Nout, Cin]
         # One GEMM whose rows are the (b, n) pairs: its result is the storage of fovi's layout.
         y = y_from_rows(linear_rows(x_rows, weight, bias), x.shape[0], meta.n_out)
@@ -154,8 +144,7 @@ class GatherGemmOps:
 
     @staticmethod
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]`` (contiguous) by
-        ``(W^T grad_y) S``, or by an index scatter above the ``S`` budget."""
+        """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]``: ``(W^T grad_y) S``, a scatter."""
         data = meta.derived(NAME, derive)
         batch, c_in = grad_y.shape[0], weight.shape[1]
         # d[b] = W^T @ grad_y[b], as ONE GEMM over the (b, n) rows: [B*Nout, Cout] @ [Cout, Cin].
@@ -182,7 +171,6 @@ class GatherGemmOps:
     ) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, the gathered ``x_rows [B*Nout, Cin]`` ->
         ``grad_weight [Cout, Cin]``."""
-        # One GEMM contracting batch and nodes: [Cout, B*Nout] @ [B*Nout, Cin]. With these
-        # operand layouts MKL keeps the contraction on one thread: the result does not depend
-        # on the thread count (tests/test_ordinary_use.py).
+        # One GEMM over batch and nodes, [Cout, B*Nout] @ [B*Nout, Cin]: in this orientation MKL
+        # does not split the sum between threads (tests/test_ordinary_use.py).
         return _grad_y_columns(grad_y) @ x_rows  # [Cout, Cin]

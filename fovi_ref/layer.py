@@ -4,10 +4,9 @@ It mirrors fovi's ``KNNConvLayer`` where a reader or :func:`fovi_ref.route_layer
 (``weight [Cout, Cin*V]``, ``bias``, ``in_channels``, ``out_channels``, ``_k``, ``local_rf``) and
 runs every forward through :func:`fovi_ref.knn_conv`.
 
-**The layer owns its graph, and what is derived from it, as buffers**: ``knn`` and ``rf_index``
-persistent (saved), the backend's derived data non-persistent (computed once when the graph is
-set). ``.to()``, ``copy.deepcopy``, ``pickle`` and ``torch.save`` carry all of it, compiled and
-exported programs see buffers, threads share nothing mutable. :attr:`KNNConv.meta` is a view.
+**The layer owns its graph as buffers**: ``knn`` and ``rf_index`` persistent, the backend's
+derived data non-persistent (computed once per graph), so ``.to()``, ``deepcopy``, ``pickle``,
+``torch.save`` and compiled programs carry it; :attr:`KNNConv.meta` is a view.
 
 Change the graph with ``layer.meta = new_meta`` or a state dict, both validated before anything
 changes; assigning ``layer.knn`` raises. Editing the index buffers in place (through ``.data`` or
@@ -96,8 +95,7 @@ class KNNConv(nn.Module):
         self._set_graph(meta.knn.to(device), meta.rf_index.to(device))
 
     def _check_compatible(self, meta: KNNMeta) -> None:
-        """A new graph must keep ``Nin``, ``Cin`` and ``V``: the weight's shape depends on them,
-        and so does every layer feeding this one."""
+        """A new graph must keep ``Nin``, ``Cin`` and ``V``, which the weight's shape depends on."""
         mine = (self._n_in, self.in_channels, self._v)
         if (meta.n_in, meta.in_channels, meta.v) != mine:
             raise ValueError(f"a new graph must keep (n_in, in_channels, v) = {mine}; got "
@@ -105,8 +103,7 @@ class KNNConv(nn.Module):
                              "instead)")  # fmt: skip
 
     def _set_graph(self, knn: torch.Tensor, rf_index: torch.Tensor) -> None:
-        """Validate ``(knn, rf_index)``, make them the graph buffers and derive the backend's data
-        as non-persistent buffers (replacing the previous backend's)."""
+        """Validate ``(knn, rf_index)`` as the graph buffers; derive the backend data as buffers."""
         meta = KNNMeta(knn, rf_index, self._n_in, self.in_channels, self._v)
         backend = self._backend or route(meta)
         derived = derive_for(meta, backend)
@@ -130,16 +127,14 @@ class KNNConv(nn.Module):
     # ------------------------------------------------------------------- nn.Module integration
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        # Moved or cast: the buffers moved together; re-validate what they hold now (to_empty
-        # leaves uninitialised memory, which must not be used as a graph).
+        # Moved or cast: re-validate (to_empty leaves uninitialised memory, not a graph).
         KNNMeta(self.knn, self.rf_index, self._n_in, self.in_channels, self._v)
         return self
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
     ):
-        # Validate everything this layer would take from the state dict *before* changing any
-        # of it, so a refused load leaves the layer exactly as it was.
+        # Validate everything taken from the state dict first: a refused load changes nothing.
         keys = {name: prefix + name for name in _GRAPH}
         new_graph = None
         if any(key in state_dict for key in keys.values()):

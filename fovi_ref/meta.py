@@ -8,11 +8,9 @@ receives no gradient), ``rf_index [Nout, K]`` (int64 cells in ``[0, V)``; fovi s
 as ``local_rf [Nout, K, V]``), and ``n_in``, ``in_channels``, ``V``. Every public construction
 validates the index tensors once and keeps private int64 copies; backends then trust the meta.
 
-**Derived data lives on the meta.** What a backend precomputes from the graph (a gather index,
-segment-sum plans, a scatter matrix) is a pure function of the meta, kept by
-:meth:`KNNMeta.derived` on the meta itself: copied by ``deepcopy`` and ``pickle``, moved by
-:meth:`KNNMeta.to`, never in a module-level cache (a :class:`fovi_ref.KNNConv` keeps its copy as
-non-persistent buffers).
+**Derived data lives on the meta.** What a backend precomputes (a gather index, segment-sum
+plans, a scatter matrix) is a pure function of the meta, kept on it by :meth:`KNNMeta.derived`,
+carried by ``deepcopy``, ``pickle`` and :meth:`KNNMeta.to`; no module-level cache.
 """
 
 from __future__ import annotations
@@ -42,12 +40,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 Derived = dict[str, torch.Tensor]
 """A backend's derived data: named tensors, all computed from one meta by a pure function."""
 
-_UNSIGNED = (torch.uint8, torch.uint16, torch.uint32, torch.uint64)
-
 
 def check_int(name: str, value: Any, *, low: int) -> int:
-    """``value`` as a Python int ``>= low``; ``TypeError`` for anything that is not an integer
-    (bools, floats such as 2.9 or 2.0, strings), ``ValueError`` below ``low``."""
+    """``value`` as an int ``>= low``; ``TypeError`` for a non-integer (bool, 2.0)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < low:
@@ -151,21 +146,17 @@ class KNNMeta:
         return cls(knn, rf_index, n_in, in_channels, v)
 
     @classmethod
-    def from_local_rf(
-        cls, knn: torch.Tensor, local_rf: torch.Tensor, *, n_in: int, in_channels: int
-    ) -> KNNMeta:
-        """Build a meta from fovi's one-hot ``local_rf [Nout, K, V]`` (any real or bool dtype).
-
-        Every ``local_rf[n, k, :]`` must be exactly one-hot: entries in {0, 1}, one 1.
-        """
-        if not isinstance(local_rf, torch.Tensor):
-            raise TypeError(f"local_rf must be a torch.Tensor, got {type(local_rf).__name__}")
+    def from_local_rf(cls, knn: torch.Tensor, local_rf: torch.Tensor, *, n_in: int,
+                      in_channels: int) -> KNNMeta:  # fmt: skip
+        """Build a meta from fovi's one-hot ``local_rf [Nout, K, V]`` (any real or bool dtype):
+        every ``local_rf[n, k, :]`` must hold exactly one 1, and 0 elsewhere."""
+        if not isinstance(local_rf, torch.Tensor) or local_rf.is_complex():
+            got = local_rf.dtype if isinstance(local_rf, torch.Tensor) else type(local_rf).__name__
+            raise TypeError(f"local_rf must be a real torch.Tensor, got {got}")
         if local_rf.is_meta:
             raise ValueError("local_rf is on the 'meta' device: a KNNMeta needs its values")
         if local_rf.dim() != 3:
             raise ValueError(f"local_rf must be [Nout, K, V], got shape {tuple(local_rf.shape)}")
-        if local_rf.is_complex():
-            raise TypeError(f"local_rf must be real, got {local_rf.dtype}")
         ones = local_rf == 1
         not_binary = ~(ones | (local_rf == 0))
         if bool(not_binary.any()):
@@ -183,14 +174,10 @@ class KNNMeta:
 
     @classmethod
     def from_layer(cls, layer: Any, in_channels: int | None = None) -> KNNMeta:
-        """Build a meta from a fovi ``KNNConvLayer`` without importing fovi.
-
-        Reads ``layer.knn_indices_pad_token`` (or ``layer.knn_indices``, where every index at or
-        past the input count names a pad coordinate and becomes padding), ``layer.local_rf``,
-        ``layer.in_channels`` (unless ``in_channels`` is given) and the input node count from
-        ``layer.in_coords.shape[0]`` (or ``layer.knn_pad_token_val``). Each must be a tensor
-        (or an int for the counts); anything else raises ``TypeError`` naming the attribute.
-        """
+        """Build a meta from a fovi ``KNNConvLayer`` without importing fovi: its
+        ``knn_indices_pad_token`` (or ``knn_indices``, every index past the inputs a padding),
+        ``local_rf``, ``in_channels`` (unless given) and its input count (``in_coords.shape[0]``
+        or ``knn_pad_token_val``); a missing or mistyped attribute raises ``TypeError``."""
         what = type(layer).__name__
         if hasattr(layer, "in_coords"):
             shape = getattr(layer.in_coords, "shape", None)  # a tensor, or fovi's SamplingCoords
@@ -249,11 +236,8 @@ class KNNMeta:
 
     @property
     def input_linear(self) -> torch.Tensor:
-        """``[Nout, Cin*K]`` int64 index into ``x.reshape(B, Cin*Nin)`` (fovi's form).
-
-        Column ``c*K + k`` of row ``n`` holds ``c*n_in + knn[k, n]``, or ``Cin*n_in`` (one past
-        the end of the flattened input) where ``knn[k, n]`` is padding.
-        """
+        """``[Nout, Cin*K]`` int64 index into ``x.reshape(B, Cin*Nin)`` (fovi's form): column
+        ``c*K + k`` of row ``n`` is ``c*n_in + knn[k, n]``, or ``Cin*n_in`` for padding."""
         channel_offset = torch.arange(self.in_channels, device=self.device) * self.n_in  # [Cin]
         flat = channel_offset[:, None, None] + self.knn[None]  # [Cin, K, Nout]
         flat = flat.masked_fill(self.pad_mask[None], self.in_channels * self.n_in)
@@ -280,8 +264,7 @@ class KNNMeta:
         return self._derived.setdefault(backend, derive(self))
 
     def to(self, device: torch.device | str) -> KNNMeta:
-        """The same graph with its index tensors and derived data on ``device`` (``self`` if
-        already there)."""
+        """The graph and its derived data on ``device`` (``self`` if already there)."""
         device = torch.device(device)
         if device.type == self.device.type and (device.index is None or device == self.device):
             return self
@@ -292,16 +275,11 @@ class KNNMeta:
 
     def same_graph(self, other: KNNMeta) -> bool:
         """True when ``other`` describes the same graph (sizes and index tensors equal)."""
-        return (
-            (self.n_in, self.in_channels, self.v) == (other.n_in, other.in_channels, other.v)
-            and self.knn.shape == other.knn.shape
-            and torch.equal(self.knn.cpu(), other.knn.cpu())
-            and torch.equal(self.rf_index.cpu(), other.rf_index.cpu())
-        )
+        sizes = (self.n_in, self.in_channels, self.v) == (other.n_in, other.in_channels, other.v)
+        same = self.knn.shape == other.knn.shape and torch.equal(self.knn.cpu(), other.knn.cpu())
+        return sizes and same and torch.equal(self.rf_index.cpu(), other.rf_index.cpu())
 
     def __repr__(self) -> str:
-        return (
-            f"KNNMeta(k={self.k}, v={self.v}, n_in={self.n_in}, n_out={self.n_out}, "
-            f"in_channels={self.in_channels}, padding={int(self.pad_mask.sum())}, "
-            f"device={self.device})"
-        )
+        return (f"KNNMeta(k={self.k}, v={self.v}, n_in={self.n_in}, n_out={self.n_out}, "
+                f"in_channels={self.in_channels}, padding={int(self.pad_mask.sum())}, "
+                f"device={self.device})")  # fmt: skip

@@ -2,9 +2,8 @@
 
     y[b, o, n] = bias[o] + sum_{c, k} x[b, c, knn[k, n]] * weight[o, c*V + rf_index[n, k]]
 
-Loops over the neighbour slot ``k``, works in float64 whatever the inputs' dtype, and shares no
-code with any backend, so it can judge them all. It builds every node's own weight matrix, which
-no fast backend may do; slow and memory-hungry is fine here, every line is the formula.
+A loop over the neighbour slot ``k`` in float64, sharing no code with any backend, so it can judge
+them all; it builds every node's own weight matrix, which no fast backend may do.
 
 **What the formula means at its edges** (every backend is judged by these readings):
 
@@ -43,21 +42,14 @@ def knn_conv_reference(
     all_padding: AllPadding = "bias",
     compute_dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
-    """Naive KNN convolution, in float64 unless asked otherwise.
+    """Naive KNN convolution ``y [B, Cout, Nout]`` of ``x [B, Cin, Nin]``, ``weight
+    [Cout, Cin*V]`` (column ``c*V + cell``) and ``bias [Cout]`` or ``None``, on ``x``'s device.
 
-    Args:
-        x: ``[B, Cin, Nin]``. weight: ``[Cout, Cin*V]`` (column ``c*V + cell``).
-        bias: ``[Cout]`` or ``None``. meta: the graph.
-        all_padding: what a node whose neighbours are all padding outputs: ``"bias"`` (the
-            formula's empty sum) or ``"zero"`` (fovi 2.4.0's layer). See the module docstring.
-        compute_dtype: the arithmetic. float64 is the oracle; float32 makes the same loop an
-            ordinary float32 implementation (used to show that the tolerance rule passes every
-            correct implementation, this one included).
-
-    Returns:
-        ``y [B, Cout, Nout]`` in ``compute_dtype``, on ``x``'s device. Differentiable, so autograd
-        through it gives the reference gradients too, with the same readings of padding and
-        non-finite values (no term, so no gradient, for a padding neighbour).
+    ``all_padding``: what an all-padding node outputs, ``"bias"`` (the formula's empty sum) or
+    ``"zero"`` (fovi 2.4.0's layer). ``compute_dtype``: float64 is the oracle; float32 makes the
+    same loop an ordinary float32 implementation (for the tests of the tolerance rule). Autograd
+    through it gives the reference gradients, with the same readings of padding and non-finite
+    values (no term, so no gradient, for a padding neighbour).
     """
     if all_padding not in ("bias", "zero"):
         raise ValueError(f"all_padding must be 'bias' or 'zero', got {all_padding!r}")
