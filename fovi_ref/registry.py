@@ -16,7 +16,7 @@ _REGISTRY: dict[str, Any] = {}
 
 def register_ops(ops: Any) -> None:
     """Add a backend under ``ops.name`` (``TypeError`` without a name, ``ValueError`` if taken).
-    Validate it first with :func:`fovi_ref.check.check_protocol`."""
+    Validate it first with :func:`fovi_ref.check.protocol.check_protocol`."""
     name = getattr(ops, "name", None)
     if not isinstance(name, str) or not name:
         raise TypeError(f"ops must have a non-empty str attribute 'name', got {name!r}")

@@ -6,7 +6,7 @@ The op trusts its backends; this module is where they are not trusted:
   anything runs it, with a ``TypeError`` naming what is wrong;
 - :func:`policed` wraps an object so that every function it runs checks what it returns (shape,
   dtype, the ``(y, operand)`` pair, ``grad_y_layout``'s result) and raises a ``TypeError``
-  naming the backend and the function otherwise. :func:`fovi_ref.check.check_ops` runs every
+  naming the backend and the function otherwise. :mod:`fovi_ref.check.check_ops` runs every
   backend it judges through it.
 """
 

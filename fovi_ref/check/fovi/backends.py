@@ -1,5 +1,5 @@
 """fovi 2.4.0's backends run through its own code at three depths, its dispatcher, and
-fovi_ref's ops protocol around them (:class:`FoviOps`, for :func:`fovi_ref.check.check_ops`).
+fovi_ref's ops protocol around them (:class:`FoviOps`, for :mod:`fovi_ref.check.check_ops`).
 
 See :mod:`fovi_ref.check.fovi` for the depths and the findings."""
 
