@@ -18,7 +18,8 @@ cells, unused inputs, collisions), in every dtype, and returns an :class:`OpsRep
 check          what it asks
 =============  ========================================================================
 oracle         ``y`` and the gradients agree with the float64 oracle by the elementwise
-               rule of :mod:`fovi_ref.check.tolerances` (``einsum_baseline``'s ratio reported)
+               rule of :mod:`fovi_ref.check.tolerances` (``einsum_baseline``'s ratio reported);
+               for ops with the operand pair, ``grad_weight`` from ``x`` too
 cancellation   the same, with a bias that cancels ``W x`` and upstream gradients that
                cancel in pairs: the rule must hold where the results are tiny
 padding        inputs that no real neighbour reads hold inf (and the upstream gradient is
@@ -321,7 +322,23 @@ def _check_oracle(ops, case, operands, check, *, name=None):
         x, w, b, case.graph.meta, gy,
         all_padding=case.all_padding, bias_rounding=case.bias_rounding,
     )  # fmt: skip
-    return _judge_all(case, check, got, expected, _baseline(case, operands, name)), got
+    rows = _judge_all(case, check, got, expected, _baseline(case, operands, name))
+    return rows + _grad_weight_from_x(ops, case, operands, check, expected), got
+
+
+def _grad_weight_from_x(ops, case, operands, check, expected) -> list[ReportRow]:
+    """Where the ops keep an operand for the weight gradient (the eager door's path, which
+    :func:`_run` takes), ``grad_weight(meta, grad_y, x)`` (the compiled door's) judged too."""
+    if not hasattr(ops, "grad_weight_of_operand"):
+        return []
+    x, _, _, gy = operands
+    try:
+        lay_out = getattr(ops, "grad_y_layout", None)
+        got = ops.grad_weight(case.graph.meta, gy if lay_out is None else lay_out(gy), x)
+    except Exception as err:
+        return [_error_row(case.graph.name, case.dtype, check, "grad_weight", err)]
+    verdict = judge_elementwise(got, expected["grad_weight"], dtype=case.dtype)
+    return [_row(case.graph.name, case.dtype, check, verdict, "from x (the compiled door)")]
 
 
 def _unread_inputs(meta: KNNMeta) -> torch.Tensor:
