@@ -8,10 +8,9 @@ with stride ``s`` and zero padding ``p`` is then a KNN convolution with
   ``(ro*s - p + i, co*s - p + j)``, or padding (``n_in``) where that falls outside the image,
 - ``rf_index[n, k] = k``: every kernel tap is its own reference cell.
 
-With that numbering ``conv_weight [Cout, Cin, kh, kw].reshape(Cout, Cin*kh*kw)`` is exactly the
-KNN weight (column ``c*V + i*kw + j``), so ``F.conv2d`` becomes an independent oracle: a ``1x1``
-stride-2 conv is a ``K = V = 1`` graph (fovi-resnet18's downsample class) and a ``3x3`` conv with
-padding 1 is a ``K = V = 9`` graph with padding neighbours along the border.
+Then ``conv_weight.reshape(Cout, Cin*kh*kw)`` is the KNN weight, and ``F.conv2d`` an independent
+oracle: a ``1x1`` stride-2 conv is a ``K = V = 1`` graph (fovi-resnet18's downsample class), a
+``3x3`` conv with padding 1 a ``K = V = 9`` graph with padding along the border.
 """
 
 from __future__ import annotations
@@ -25,44 +24,27 @@ from fovi_ref.meta import KNNMeta
 __all__ = ["conv2d_grid_meta", "square_grid_for", "to_grid", "to_nodes"]
 
 
-def conv2d_grid_meta(
-    height: int,
-    width: int,
-    *,
-    kernel_size: int,
-    stride: int = 1,
-    padding: int = 0,
-    in_channels: int,
-    device: torch.device | str = "cpu",
-) -> KNNMeta:
+def conv2d_grid_meta(height: int, width: int, *, kernel_size: int, stride: int = 1,
+                     padding: int = 0, in_channels: int, device: torch.device | str = "cpu",
+                     ) -> KNNMeta:  # fmt: skip
     """The KNN graph of ``F.conv2d(x, w, stride=stride, padding=padding)`` on an image
     ``[B, Cin, height, width]`` with a square ``kernel_size`` kernel (see the module docstring)."""
-    for name, value, low in (
-        ("height", height, 1),
-        ("width", width, 1),
-        ("kernel_size", kernel_size, 1),
-        ("stride", stride, 1),
-        ("padding", padding, 0),
-    ):
+    sizes = {"height": height, "width": width, "kernel_size": kernel_size, "stride": stride}
+    for name, value, low in [*((n, v, 1) for n, v in sizes.items()), ("padding", padding, 0)]:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     h_out = (height + 2 * padding - kernel_size) // stride + 1
     w_out = (width + 2 * padding - kernel_size) // stride + 1
     if h_out < 1 or w_out < 1:
-        raise ValueError(
-            f"a {kernel_size}x{kernel_size} kernel with padding {padding} does not fit a "
-            f"{height}x{width} grid"
-        )
+        kernel = f"a {kernel_size}x{kernel_size} kernel with padding {padding}"
+        raise ValueError(f"{kernel} does not fit a {height}x{width} grid")
     n_in = height * width
     taps = torch.arange(kernel_size)
     rows = torch.arange(h_out)[:, None] * stride - padding + taps[None, :]  # [Hout, kh]
     cols = torch.arange(w_out)[:, None] * stride - padding + taps[None, :]  # [Wout, kw]
-    r = rows[:, None, :, None].expand(
-        h_out, w_out, kernel_size, kernel_size
-    )  # [Hout, Wout, kh, kw]
-    c = cols[None, :, None, :].expand(
-        h_out, w_out, kernel_size, kernel_size
-    )  # [Hout, Wout, kh, kw]
+    shape = (h_out, w_out, kernel_size, kernel_size)
+    r = rows[:, None, :, None].expand(shape)  # [Hout, Wout, kh, kw] input row of each tap
+    c = cols[None, :, None, :].expand(shape)  # [Hout, Wout, kh, kw] input column of each tap
     inside = (r >= 0) & (r < height) & (c >= 0) & (c < width)
     node = torch.where(inside, r * width + c, n_in)  # [Hout, Wout, kh, kw], n_in = padding
     k = kernel_size * kernel_size

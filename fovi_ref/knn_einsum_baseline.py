@@ -4,26 +4,19 @@ fovi computes the operator
 
     y[b, o, n] = bias[o] + sum_{c, k} x[b, c, knn[k, n]] * weight[o, c*V + rf_index[n, k]]
 
-in four steps: append one zero column to ``x`` for the padding index, gather every neighbour's
+in four steps: append a zero column to ``x`` for the padding index, gather every neighbour's
 features, contract the neighbour axis against the dense one-hot ``local_rf [Nout, K, V]`` with an
-einsum (``x_cells = sum_k x_nbr * local_rf``, one small matmul per node), and apply one
-``F.linear`` over the ``Cin*V`` features. Its backward is whatever autograd derives from those
-steps; :meth:`EinsumBaselineOps.grad_input` writes the same adjoint steps out by hand (transpose of
-the linear, of the einsum, and a ``scatter_add_`` for the gather).
+einsum (one small matmul per node), and apply one ``F.linear`` over the ``Cin*V`` features. Its
+backward is what autograd derives; :meth:`EinsumBaselineOps.grad_input` writes the same adjoint
+steps by hand (the linear's, the einsum's, and a ``scatter_add_`` for the gather).
 
-This module is written from that description (fovi at commit bf792c2, and 2.4.0's
-``.contiguous()`` before the linear). Checked against fovi 2.4.0's own ``KNNConvLayer`` on all 20
-fovi-resnet18 layers in float64 (``tests/test_fovi_upstream.py``), forward and gradients agree bit
-for bit. Benchmarks and notebooks measure the other backends against it.
-
-One semantic difference from later fovi: a newer upstream revision zeroes the output of a node
-whose neighbours are all padding; here (and in every fovi_ref backend) such a node outputs the
-bias, as the formula says. No fovi-resnet18 graph has such a node.
-
-Non-finite inputs behave as in fovi, not as the formula: the one-hot einsum multiplies every
-gathered feature by the zeros of the other cells, so an ``inf`` in ``x`` becomes ``nan`` in every
-cell of that node when V > 1 (``inf * 0``), and a ``nan`` spreads to every cell column of the
-weight gradient. The other backends never multiply by those zeros.
+Written from that description (fovi at commit bf792c2, plus 2.4.0's ``.contiguous()`` before the
+linear), it agrees bit for bit with fovi 2.4.0's ``KNNConvLayer`` on all 20 fovi-resnet18 layers
+in float64, forward and gradients (``tests/test_fovi_upstream.py``), except that fovi 2.4.0's
+layer zeroes all-padding nodes, which output the bias here as in the formula (no fovi-resnet18
+graph has one). Non-finite inputs behave as in fovi: the one-hot einsum multiplies every gathered
+feature by the zeros of the other cells, so with V > 1 an ``inf`` in ``x`` becomes ``nan``
+(``inf * 0``) in the node's other cells and in every cell column of the weight gradient.
 """
 
 from __future__ import annotations
@@ -39,13 +32,8 @@ NAME = "einsum_baseline"
 
 
 def derive(meta: KNNMeta) -> Derived:
-    """fovi keeps the dense one-hot ``local_rf [Nout, K, V]`` as a layer buffer; so does this
-    backend (float32, cast to the compute dtype per call: the one-hot values are exact)."""
+    """fovi's dense one-hot ``local_rf [Nout, K, V]`` (float32; cast per call, exactly)."""
     return {"local_rf": meta.local_rf(torch.float32)}
-
-
-def _local_rf(meta: KNNMeta, dtype: torch.dtype) -> torch.Tensor:
-    return meta.derived(NAME, derive)["local_rf"].to(dtype)  # [Nout, K, V]
 
 
 def _cell_features(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +43,7 @@ def _cell_features(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
     index = meta.knn.reshape(1, 1, -1).expand(batch, c_in, -1)  # [B, Cin, K*Nout]
     x_nbr = torch.gather(x_pad, 2, index).view(batch, c_in, meta.k, meta.n_out)  # [B, Cin, K, Nout]
     x_nbr = x_nbr.permute(0, 1, 3, 2).reshape(batch * c_in, meta.n_out, meta.k)  # [B*Cin, Nout, K]
-    local_rf = _local_rf(meta, x.dtype)  # [Nout, K, V] dense one-hot
+    local_rf = meta.derived(NAME, derive)["local_rf"].to(x.dtype)  # [Nout, K, V] dense one-hot
     x_cells = torch.einsum("ank,nkv->anv", x_nbr, local_rf)  # [B*Cin, Nout, V]
     x_cells = x_cells.view(batch, c_in, meta.n_out, meta.v).permute(0, 2, 1, 3)  # [B, Nout, Cin, V]
     return x_cells.reshape(batch, meta.n_out, c_in * meta.v)  # [B, Nout, Cin*V]
@@ -68,19 +56,16 @@ class EinsumBaselineOps:
     derive = staticmethod(derive)
 
     @staticmethod
-    def forward(
-        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
+    def forward(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """``x [B, Cin, Nin]`` -> ``y [B, Cout, Nout]`` (a transposed view, as in fovi)."""
         return EinsumBaselineOps.forward_with_operand(meta, x, weight, bias)[0]
 
     @staticmethod
-    def forward_with_operand(
-        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(y, features [B, Nout, Cin*V])``: fovi's autograd keeps ``F.linear``'s input for
-        the weight gradient, and so does the eager door with this pair (the same memory, and no
-        second gather and einsum in the backward)."""
+    def forward_with_operand(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
+                             bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:  # fmt: skip
+        """``(y, features [B, Nout, Cin*V])``: ``F.linear``'s input, kept for the weight gradient
+        as fovi's autograd keeps it (no second gather and einsum in the backward)."""
         # .contiguous() as in fovi 2.4.0: the features can come out of the einsum as a strided
         # view, and F.linear then sums in another order (the last bits differ).
         features = _cell_features(meta, x).contiguous()  # [B, Nout, Cin*V]
@@ -94,7 +79,8 @@ class EinsumBaselineOps:
         g = grad_y.transpose(1, 2) @ weight  # [B, Nout, Cin*V]    adjoint of F.linear
         g = g.view(batch, meta.n_out, c_in, meta.v).permute(0, 2, 1, 3)  # [B, Cin, Nout, V]
         g = g.reshape(batch * c_in, meta.n_out, meta.v)  # [B*Cin, Nout, V]
-        g = torch.einsum("anv,nkv->ank", g, _local_rf(meta, g.dtype))  # [B*Cin, Nout, K]
+        local_rf = meta.derived(NAME, derive)["local_rf"].to(g.dtype)  # [Nout, K, V]
+        g = torch.einsum("anv,nkv->ank", g, local_rf)  # [B*Cin, Nout, K]
         g = g.view(batch, c_in, meta.n_out, meta.k).permute(0, 1, 3, 2)  # [B, Cin, K, Nout]
         g = g.reshape(batch, c_in, meta.k * meta.n_out)  # [B, Cin, K*Nout]
         index = meta.knn.reshape(1, 1, -1).expand(batch, c_in, -1)  # [B, Cin, K*Nout]

@@ -18,30 +18,21 @@ notebooks/02_algebraic_reduction.ipynb), with ``G = grad_y`` folded to ``[Cout, 
     grad_x[b]   = (weight^T @ grad_y[b]) @ S            S[n, i] = 1 if idx[n] = i (real neighbour)
     grad_bias   = sum_{b, n} grad_y[b, :, n]            one reduction (done by the autograd layer)
 
-``S [Nout, Nin]`` is the dense one-hot *scatter matrix*. Multiplying by it sums the gradients of
-output nodes that share an input (collisions) inside the GEMM's accumulators, and leaves padding
-nodes' rows all zero. It costs ``Nout*Nin`` elements of memory and ``B*Cin*Nout*Nin``
-multiply-adds, against ``B*Cin*Nout`` for an index scatter, so it only pays while ``Nout*Nin`` is
-small: above :data:`DENSE_S_BUDGET` (per device type) ``grad_input`` takes the index path
-(``index_add_``) instead, with the same result up to summation order.
+``S [Nout, Nin]``, the dense one-hot *scatter matrix*, sums the gradients of outputs that share an
+input (collisions) inside the GEMM and leaves padding rows zero, at ``Nout*Nin`` elements and
+``B*Cin*Nout*Nin`` multiply-adds against ``B*Cin*Nout`` for an index scatter. Above
+:data:`DENSE_S_BUDGET` (per device type) ``grad_input`` takes the index path (``index_add_``)
+beside it instead: the same sum, in another order.
 
-**Layouts.** The gather writes ``x_rows`` directly. ``G`` is folded by swapping the two outer
-axes of ``grad_y [B, Cout, Nout]``, which copies whole runs of ``Nout`` values (2 to 4 times
-faster than the element-wise transpose of every ``[Cout, Nout]`` block that a fold into rows
-needs), once per backward (:meth:`GatherGemmOps.grad_y_layout`, which the autograd layer calls):
-both gradients read that one copy. The only element-wise fold left is the smallest tensor,
-``d [B*Nout, Cin]``, on its way to the scatter. In eager mode the backward reads the rows the
-forward gathered (:meth:`GatherGemmOps.forward_with_operand`), so ``x`` is gathered once.
-
-**Derived data** (:func:`derive`, kept on the meta or as a layer's buffers): the gather index,
-the padding nodes, and ``S`` itself (in float32) for every graph small enough for any device's
-budget. Nothing is cached anywhere else.
+**Layouts.** The gather writes ``x_rows`` directly. ``G`` is folded once per backward
+(:meth:`GatherGemmOps.grad_y_layout`) by swapping the outer axes of ``grad_y``, which moves whole
+runs of ``Nout`` values, and both gradients read that copy; in eager mode the weight gradient
+reads the rows the forward gathered (:meth:`GatherGemmOps.forward_with_operand`). **Derived
+data** (:func:`derive`, kept on the meta): the gather index, the padding nodes, and ``S`` (float32)
+for every graph small enough for any device's budget.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 
@@ -52,21 +43,15 @@ __all__ = [
     "DENSE_S_BUDGET",
     "GatherGemmOps",
     "derive",
-    "forced_grad_input_path",
     "gather_gemm_applies",
     "uses_dense_scatter",
 ]
 
 NAME = "gather_gemm"
 
-# Largest Nout*Nin for which grad_input multiplies by the dense S rather than scattering with
-# index_add_. CPU: derived by fovi_ref.bench.budget.derive_budget from the sweep stored in
-# notebooks/03_scatter_matrix_budget.ipynb: there the dense path is faster beyond the measured
-# noise band at no swept size (it ties on the smallest graphs, res18_ds4's included, and is slower
-# on all others), so 0: the index path everywhere. tests/test_notebook_claims.py fails when this
-# value disagrees with the stored sweep. CUDA: not measured (no GPU was available); the
-# seed design note sizes S for the res18 downsamples ("a few 1e4"), so the value keeps S dense up
-# to 2**20 elements (4 MiB in float32), which covers all three.
+# Largest Nout*Nin for which grad_input multiplies by the dense S. CPU: 0, the sweep stored in
+# notebook 03 finds the dense path faster beyond the noise band at no size (tests/test_notebook_
+# claims.py holds the two together). CUDA: unmeasured; 2**20 (4 MiB) keeps res18's three S dense.
 DENSE_S_BUDGET: dict[str, int] = {"cpu": 0, "cuda": 2**20}
 S_MAX_ELEMENTS = 2**20
 """``S`` is derived (and kept) only for graphs up to this size, the largest budget above."""
@@ -83,32 +68,13 @@ def uses_dense_scatter(meta: KNNMeta, device: torch.device) -> bool:
     return meta.n_out * meta.n_in <= min(budget, S_MAX_ELEMENTS)
 
 
-@contextmanager
-def forced_grad_input_path(path: str, device_type: str = "cpu") -> Iterator[None]:
-    """Within the block, ``grad_input`` on ``device_type`` takes ``path`` ("dense" S GEMM or
-    "index" scatter) for every graph that has an ``S``; the budget is restored on exit. A
-    measuring and testing knob: it changes a module constant, so do not use it from threads."""
-    if path not in ("dense", "index"):
-        raise ValueError(f"path must be 'dense' or 'index', got {path!r}")
-    saved = DENSE_S_BUDGET.get(device_type)
-    DENSE_S_BUDGET[device_type] = S_MAX_ELEMENTS if path == "dense" else -1
-    try:
-        yield
-    finally:
-        if saved is None:
-            del DENSE_S_BUDGET[device_type]
-        else:
-            DENSE_S_BUDGET[device_type] = saved
-
-
 def derive(meta: KNNMeta) -> Derived:
     """The data this backend needs from a K = V = 1 graph (a pure function of ``meta``).
 
     - ``index [Nout]``: ``knn[0]`` with padding replaced by 0, so it is always safe to gather.
-    - ``padding [P]``: the output nodes whose neighbour is padding (empty for the res18
-      downsamples); their gathered features and scattered gradients are zeroed.
-    - ``scatter [Nout, Nin]`` float32: ``S[n, idx[n]] = 1`` for real neighbours, padding rows
-      zero; ``[0, Nin]`` when ``Nout*Nin > S_MAX_ELEMENTS``.
+    - ``padding [P]``: output nodes whose neighbour is padding (their values are zeroed).
+    - ``scatter [Nout, Nin]`` float32: ``S[n, idx[n]] = 1`` for real neighbours (``[0, Nin]``
+      above ``S_MAX_ELEMENTS``).
     """
     if not gather_gemm_applies(meta.k, meta.v):
         raise ValueError(f"gather_gemm needs a graph with K == 1 and V == 1, got {meta!r}")
@@ -124,13 +90,9 @@ def derive(meta: KNNMeta) -> Derived:
 
 def _gathered_rows(data: Derived, x: torch.Tensor) -> torch.Tensor:
     """``x_rows [B*Nout, Cin]``: row ``b*Nout + n`` holds ``x[b, :, idx[n]]`` (0 for padding).
-
-    Indexing the node axis of the ``[B, Nin, Cin]`` view writes the rows directly in one pass
-    (on a 2-core CPU as fast as ``torch.gather`` plus a fold copy, and 2 to 5 times faster than
-    ``index_select`` on that view). The result follows the layout of ``x``: contiguous for a
-    contiguous ``x`` or one in fovi's layout, so the final reshape is then a view; for other
-    layouts (a batch-minor ``x``, say) it copies once.
-    """
+    Indexing the node axis of the ``[B, Nin, Cin]`` view writes the rows in one pass (2 to 5
+    times faster than ``index_select`` on a 2-core CPU) in the layout of ``x``: the reshape is a
+    view for a contiguous or fovi-layout ``x``, one copy otherwise."""
     index, padding = data["index"], data["padding"]
     x_rows = x.transpose(1, 2)[:, index]  # [B, Nout, Cin]
     if padding.numel():
@@ -139,9 +101,8 @@ def _gathered_rows(data: Derived, x: torch.Tensor) -> torch.Tensor:
 
 
 def _grad_y_columns(grad_y: torch.Tensor) -> torch.Tensor:
-    """``grad_y [B, Cout, Nout] -> [Cout, B*Nout]``, columns ordered ``b`` then ``n``: a view
-    in both layouts :meth:`GatherGemmOps.grad_y_layout` leaves (a transposed matrix in fovi's),
-    one copy otherwise."""
+    """``grad_y [B, Cout, Nout] -> [Cout, B*Nout]`` (columns ``b``-major): a view in both layouts
+    :meth:`GatherGemmOps.grad_y_layout` leaves."""
     return grad_y.transpose(0, 1).reshape(grad_y.shape[1], -1)
 
 
@@ -158,29 +119,24 @@ class GatherGemmOps:
 
     @staticmethod
     def grad_y_layout(grad_y: torch.Tensor) -> torch.Tensor:
-        """``grad_y`` in a layout whose ``[Cout, B*Nout]`` columns are a view: kept if it is in
-        fovi's layout (then they are a transposed matrix, which BLAS reads in place), else one
-        copy into ``[Cout, B, Nout]`` storage (moving whole runs of ``Nout``)."""
+        """``grad_y`` as is in fovi's layout (its columns are a transposed matrix BLAS reads in
+        place), else copied into ``[Cout, B, Nout]`` storage: either way the columns are a view."""
         if grad_y.transpose(1, 2).is_contiguous():
             return grad_y
         return grad_y.transpose(0, 1).contiguous().transpose(0, 1)  # [B, Cout, Nout]
 
     @staticmethod
-    def forward(
-        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
+    def forward(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """``x [B, Cin, Nin]``, ``weight [Cout, Cin]``, ``bias [Cout]`` -> ``y [B, Cout, Nout]``
         (fovi's layout)."""
         return GatherGemmOps.forward_with_operand(meta, x, weight, bias)[0]
 
     @staticmethod
-    def forward_with_operand(
-        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_with_operand(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
+                             bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:  # fmt: skip
         """``(y, x_rows)``: the forward and the gathered rows ``[B*Nout, Cin]`` its GEMM read,
-        which the weight gradient reads too (:meth:`grad_weight_of_operand`). Kept for the
-        backward instead of ``x``, they spare it a second gather and are smaller than ``x``
-        (``Nout < Nin``)."""
+        kept for the weight gradient instead of ``x`` (smaller, and no second gather)."""
         x_rows = _gathered_rows(meta.derived(NAME, derive), x)  # [B*Nout, Cin]
         # One GEMM whose rows are the (b, n) pairs: its result is the storage of fovi's layout.
         y = y_from_rows(linear_rows(x_rows, weight, bias), x.shape[0], meta.n_out)
@@ -188,14 +144,11 @@ class GatherGemmOps:
 
     @staticmethod
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]`` (contiguous) by
-        ``(W^T grad_y) S``, or by an index scatter above the ``S`` budget."""
+        """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]``: ``(W^T grad_y) S``, a scatter."""
         data = meta.derived(NAME, derive)
         batch, c_in = grad_y.shape[0], weight.shape[1]
-        # d[b] = W^T @ grad_y[b], as ONE GEMM over the (b, n) rows: [B*Nout, Cout] @ [Cout, Cin]
-        # (the columns transposed, read in place). This orientation runs 10 to 40% faster in MKL
-        # than W^T @ G with its [Cin, B*Nout] result, which pays for the fold that follows: one
-        # small copy into the [B, Cin, Nout] layout that the scatter along the node axis wants.
+        # d[b] = W^T @ grad_y[b], as ONE GEMM over the (b, n) rows: [B*Nout, Cout] @ [Cout, Cin].
+        # 10 to 40% faster in MKL than W^T @ G, which pays for the small fold that follows.
         d_rows = _grad_y_columns(grad_y).t() @ weight  # [B*Nout, Cin]
         d_sel = d_rows.view(batch, meta.n_out, c_in).transpose(1, 2).contiguous()  # [B, Cin, Nout]
         if data["padding"].numel():
@@ -218,8 +171,6 @@ class GatherGemmOps:
     ) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, the gathered ``x_rows [B*Nout, Cin]`` ->
         ``grad_weight [Cout, Cin]``."""
-        # One GEMM contracting batch and nodes together: [Cout, B*Nout] @ [B*Nout, Cin]. With
-        # these operand layouts MKL does not split the contraction between threads, so the
-        # result does not depend on the thread count (with a transposed [Cin, B*Nout] as the
-        # right operand it did, in float64: tests/test_ordinary_use.py).
+        # One GEMM over batch and nodes, [Cout, B*Nout] @ [B*Nout, Cin]: in this orientation MKL
+        # does not split the sum between threads (tests/test_ordinary_use.py).
         return _grad_y_columns(grad_y) @ x_rows  # [Cout, Cin]

@@ -21,31 +21,21 @@ Both gradients follow from the same two steps run backwards::
     grad_x[b, c, i] = sum_{(k, n) : knn[k, n] = i} grad_z[c, rf_index[n, k], n, b]
     grad_weight     = grad_y @ z^T                                    # [Cout, Cin*V]
 
-with ``grad_y`` folded to ``[Cout, Nout*B]``. Step 1 and the ``grad_x`` sum are the same kind of
-operation, a *segment sum* (each output row adds up the input rows listed for it), over the same
-list of (cell row, neighbour row) pairs with the roles of source and destination swapped: the
-backward is the transpose of the forward gather.
+with ``grad_y`` folded to ``[Cout, Nout*B]``. Step 1 and the ``grad_x`` sum are both a *segment
+sum* (each output row adds up the input rows listed for it) over one list of (cell row, neighbour
+row) pairs, source and destination swapped: the backward is the forward gather transposed.
 
-**Layout.** Features are kept as *rows of a batch*: one row per (channel, node), holding that
-node's ``B`` values. Every gather and scatter then moves whole contiguous rows, which on a CPU is
-far faster than picking single elements along the last axis of ``[B, Cin, Nin]`` (measured here:
-0.15 ms against 10 ms for a res18 layer1-sized gather at batch 64), and the binned ``z`` comes out
-already in the layout of the single GEMM. It costs one transposing copy on the way in and one on
-the way out, and index lists ``Cin`` times longer than the graph (derived once per graph and kept
-on the meta, or as a layer's buffers: see :func:`derive`).
+**Layout.** Features are *rows*, one per (channel, node) holding its ``B`` values: every gather
+and scatter moves whole rows (0.15 ms against 10 ms along the last axis of ``[B, Cin, Nin]`` for
+a res18 layer1 gather at batch 64 on a CPU), at the cost of one transposing copy in and one out
+(the GEMM, bias inside, writes rows (node, batch)) and index lists ``Cin`` times the graph's.
 
-**Determinism.** A segment sum is usually written with ``index_add_``, whose CUDA kernel adds with
-atomics, so its float rounding depends on thread timing. Here it runs in *rounds* instead: round
-``r`` adds every destination's ``r``-th contribution, no destination appears twice in a round, and
-so each round is a row gather followed by an ``index_copy_`` with distinct indices. The summation
-order is then fixed (increasing ``k``) and both passes are deterministic on every device. There
-are as many rounds as the largest number of contributions to one row (a few for cells, about K
-for inputs). :func:`segment_sum_naive` is the same sum written the usual way, with one
-``index_add_``, kept beside it as the readable version; the tests hold the two against each
-other, and the rounds against a sequential loop over ``k``, bit for bit.
-
-The output leaves in fovi's layout (:mod:`fovi_ref.layout`): the GEMM runs with the bias inside
-(one rounding) and writes rows ordered (node, batch), which one copy puts into that layout.
+**Determinism.** A segment sum is usually one ``index_add_``, which on CUDA adds with atomics.
+:func:`segment_sum_naive` is that version, kept beside the one used: :func:`segment_sum` runs in
+*rounds*, round ``r`` adding every destination's ``r``-th contribution (no destination twice in a
+round: a row gather and an ``index_copy_``), so the summation order is fixed (increasing ``k``)
+and deterministic on every device. The tests hold the two against each other, and the rounds
+against a sequential loop over ``k``, bit for bit.
 """
 
 from __future__ import annotations
@@ -72,16 +62,11 @@ NAME = "general"
 
 @dataclass(frozen=True)
 class SegmentSumPlan:
-    """How to compute ``out[d] = sum_{(d, s) in entries} values[s]`` (rows) in rounds.
-
-    Attributes:
-        size: number ``D`` of output rows.
-        first: ``[D]`` the source row of every destination's first contribution (0, a dummy,
-            where it has none); round 0 is one gather that writes every output row.
-        empty: destinations with no contribution, zeroed after round 0.
-        rounds: ``(dst, src)`` pairs for the second, third, ... contributions; within one round
-            every ``dst`` entry is distinct.
-    """
+    """How to compute ``out[d] = sum_{(d, s) in entries} values[s]`` (rows) in rounds, for
+    ``size = D`` output rows: ``first [D]``, every destination's first source row (a dummy 0 where
+    it has none; round 0 is one gather writing every row), ``empty``, the destinations zeroed
+    after round 0, and ``rounds``, ``(dst, src)`` pairs of later contributions, ``dst`` distinct
+    within a round."""
 
     size: int
     first: torch.Tensor
@@ -89,8 +74,7 @@ class SegmentSumPlan:
     rounds: tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
     def as_derived(self, prefix: str) -> Derived:
-        """The plan as named tensors (``prefix.first``, ``prefix.empty``, ``prefix.dst1``, ...),
-        the form in which derived data is stored and handed to the custom op."""
+        """The plan as named tensors (``prefix.first``, ``prefix.dst1``, ...), as derived data."""
         data = {f"{prefix}.first": self.first, f"{prefix}.empty": self.empty}
         for r, (dst, src) in enumerate(self.rounds, 1):
             data[f"{prefix}.dst{r}"], data[f"{prefix}.src{r}"] = dst, src
@@ -99,20 +83,16 @@ class SegmentSumPlan:
     @classmethod
     def from_derived(cls, data: Derived, prefix: str) -> SegmentSumPlan:
         """The inverse of :meth:`as_derived`."""
-        first = data[f"{prefix}.first"]
-        rounds = []
-        while f"{prefix}.dst{len(rounds) + 1}" in data:
-            r = len(rounds) + 1
-            rounds.append((data[f"{prefix}.dst{r}"], data[f"{prefix}.src{r}"]))
-        return cls(first.shape[0], first, data[f"{prefix}.empty"], tuple(rounds))
+        first, n = data[f"{prefix}.first"], sum(k.startswith(f"{prefix}.dst") for k in data)
+        rounds = tuple(
+            (data[f"{prefix}.dst{r}"], data[f"{prefix}.src{r}"]) for r in range(1, n + 1)
+        )
+        return cls(first.shape[0], first, data[f"{prefix}.empty"], rounds)
 
 
 def build_segment_sum_plan(dst: torch.Tensor, src: torch.Tensor, size: int) -> SegmentSumPlan:
-    """Split the entries ``(dst[e], src[e])`` into collision-free rounds.
-
-    Entries that share a destination keep their relative order, so contributions are summed in
-    the order the entries are listed.
-    """
+    """Split the entries ``(dst[e], src[e])`` into collision-free rounds; entries sharing a
+    destination keep their order, so contributions are summed in the order listed."""
     order = torch.argsort(dst, stable=True)
     dst, src = dst[order], src[order]  # [E] grouped by destination
     count = torch.bincount(dst, minlength=size)  # [D] contributions per destination
@@ -127,8 +107,7 @@ def build_segment_sum_plan(dst: torch.Tensor, src: torch.Tensor, size: int) -> S
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float16 and bfloat16 are summed in float32 and rounded once at the end, as a GEMM or
-    ``index_add_`` kernel would; summing in 8 mantissa bits loses accuracy with every round."""
+    """float16/bfloat16 are summed in float32 and rounded once, as a GEMM kernel would."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
@@ -145,9 +124,8 @@ def segment_sum(values: torch.Tensor, plan: SegmentSumPlan) -> torch.Tensor:
     return out.to(values.dtype)
 
 
-def segment_sum_naive(
-    values: torch.Tensor, dst: torch.Tensor, src: torch.Tensor, size: int
-) -> torch.Tensor:
+def segment_sum_naive(values: torch.Tensor, dst: torch.Tensor, src: torch.Tensor,
+                      size: int) -> torch.Tensor:  # fmt: skip
     """The same sum as :func:`segment_sum`, written the usual way: one ``index_add_`` over the
     entries ``(dst[e], src[e])``. Its summation order is the kernel's (atomics on CUDA)."""
     acc_dtype = _accumulation_dtype(values.dtype)
@@ -157,12 +135,9 @@ def segment_sum_naive(
 
 def segment_sum_entries(meta: KNNMeta) -> tuple[torch.Tensor, torch.Tensor]:
     """``(z_row, x_row)``: the (cell row, input row) pair of every real neighbour of every node
-    in every channel, listed channel-major then k-major (so every row sums over increasing k).
-
-    ``z_row = (c*V + rf_index[n, k])*Nout + n`` indexes the rows of ``z [Cin*V*Nout, B]``;
-    ``x_row = c*Nin + knn[k, n]`` those of ``x`` as rows ``[Cin*Nin, B]``. Padding neighbours
-    take no part, in either direction.
-    """
+    in every channel, channel-major then k-major (every row sums over increasing k):
+    ``z_row = (c*V + rf_index[n, k])*Nout + n`` indexes ``z [Cin*V*Nout, B]``, ``x_row = c*Nin +
+    knn[k, n]`` the rows ``[Cin*Nin, B]`` of ``x``. Padding neighbours take no part."""
     n = torch.arange(meta.n_out, device=meta.device).expand(meta.k, -1)  # [K, Nout]
     real = ~meta.pad_mask  # [K, Nout]
     node, cell, neighbour = n[real], meta.rf_index.t()[real], meta.knn[real]  # [E] k-major
@@ -173,11 +148,8 @@ def segment_sum_entries(meta: KNNMeta) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def derive(meta: KNNMeta) -> Derived:
-    """The forward and backward segment-sum plans of ``meta`` (a pure function of it)::
-
-    forward:  x rows [Cin*Nin, B]    -> z rows [Cin*V*Nout, B]
-    backward: grad_z rows [Cin*V*Nout, B] -> grad_x rows [Cin*Nin, B]
-    """
+    """The segment-sum plans of ``meta``, a pure function of it: forward, ``x`` rows
+    ``[Cin*Nin, B]`` -> ``z`` rows ``[Cin*V*Nout, B]``; backward, the other way."""
     z_row, x_row = segment_sum_entries(meta)
     z_size, x_size = meta.v * meta.in_channels * meta.n_out, meta.in_channels * meta.n_in
     return {
@@ -189,33 +161,27 @@ def derive(meta: KNNMeta) -> Derived:
 def _binned(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
     """Step 1: ``z [Cin*V, Nout*B]`` from ``x [B, Cin, Nin]``."""
     plan = SegmentSumPlan.from_derived(meta.derived(NAME, derive), "forward")
-    # [Cin*Nin, B], one transposing copy. Not reshape: it would return a column-major *view*
-    # (strides (1, Cin*Nin)) whenever it can, and picking rows out of that is ~30x slower.
+    # [Cin*Nin, B], one copy: reshape could return a column-major view, ~30x slower to pick rows.
     x_rows = x.permute(1, 2, 0).contiguous().view(meta.in_channels * meta.n_in, -1)
     z_rows = segment_sum(x_rows, plan)  # [Cin*V*Nout, B]
     return z_rows.view(meta.in_channels * meta.v, -1)  # [Cin*V, Nout*B]
 
 
 def _grad_y_node_major(grad_y: torch.Tensor) -> torch.Tensor:
-    """``[B, Cout, Nout] -> [Cout, Nout*B]`` (columns ordered node, then batch), the GEMM layout
-    of ``z``: a view of what :meth:`GeneralOps.grad_y_layout` returns, a copy otherwise."""
+    """``[B, Cout, Nout] -> [Cout, Nout*B]`` (node-major columns, ``z``'s order): a view of what
+    :meth:`GeneralOps.grad_y_layout` returns."""
     return grad_y.permute(1, 2, 0).reshape(grad_y.shape[1], -1)
 
 
 FEW_COLUMNS = 16
-"""Largest ``Nout*B`` for which the GEMMs are arranged for a few columns: :func:`_weight_t_times`
-transposes its product, and the forward makes the binned rows contiguous."""
+"""Largest ``Nout*B`` for which the GEMMs are arranged for few columns (see the uses)."""
 
 
 def _weight_t_times(weight: torch.Tensor, grad_y_cols: torch.Tensor) -> torch.Tensor:
     """``weight^T @ grad_y_cols``: ``[Cin*V, Cout] @ [Cout, M] -> [Cin*V, M]``, contiguous.
-
-    Where ``M = Nout*B`` is tiny (at most :data:`FEW_COLUMNS`: layer4 up to batch 8), MKL
-    computes this product written as ``(grad_y_cols^T @ weight)^T`` 2 to 10 times faster
-    (measured on a 2-core CPU: 0.16 against 1.6 ms for layer4.0.conv2 at batch 1), and the
-    transposing copy that follows is tiny too. Elsewhere both take about as long, and the copy
-    would not be tiny.
-    """
+    Where ``M = Nout*B`` is at most :data:`FEW_COLUMNS` (layer4 up to batch 8), MKL runs it as
+    ``(grad_y_cols^T @ weight)^T`` 2 to 10 times faster (0.16 against 1.6 ms for layer4.0.conv2 at
+    batch 1 on a 2-core CPU), and the transposing copy is tiny; elsewhere it is not worth it."""
     if grad_y_cols.shape[1] <= FEW_COLUMNS:
         return (grad_y_cols.t() @ weight).t().contiguous()
     return weight.t() @ grad_y_cols
@@ -229,31 +195,26 @@ class GeneralOps:
 
     @staticmethod
     def grad_y_layout(grad_y: torch.Tensor) -> torch.Tensor:
-        """``grad_y`` with ``[Cout, Nout, B]`` storage, so that both gradients read its
-        node-major fold as a view: one transposing copy per backward, not one per gradient."""
+        """``grad_y`` in ``[Cout, Nout, B]`` storage: both gradients read its fold as a view."""
         return grad_y.permute(1, 2, 0).contiguous().permute(2, 0, 1)  # [B, Cout, Nout]
 
     @staticmethod
-    def forward(
-        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
+    def forward(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """``x [B, Cin, Nin]``, ``weight [Cout, Cin*V]``, ``bias [Cout]`` -> ``y [B, Cout, Nout]``
         (fovi's layout)."""
         return GeneralOps.forward_with_operand(meta, x, weight, bias)[0]
 
     @staticmethod
-    def forward_with_operand(
-        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(y, z_rows)``: the forward and the binned cells ``z_rows [Nout*B, Cin*V]`` its
-        GEMM read, which the weight gradient reads too (:meth:`grad_weight_of_operand`): kept
-        for the backward instead of ``x``, they spare it binning ``x`` a second time. They are
-        as large as the features fovi's ``F.linear`` keeps for its backward."""
+    def forward_with_operand(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
+                             bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:  # fmt: skip
+        """``(y, z_rows)``: the forward and the binned cells ``z_rows [Nout*B, Cin*V]`` its GEMM
+        read, kept for the weight gradient instead of ``x`` (as large as what fovi's ``F.linear``
+        keeps), which spares the backward a second binning."""
         batch, c_out = x.shape[0], weight.shape[0]
         z_rows = _binned(meta, x).t()  # [Nout*B, Cin*V], a transposed view
         if z_rows.shape[0] <= FEW_COLUMNS:
-            # A few rows: both GEMMs are bound by the weight, and MKL runs them about twice as
-            # fast on contiguous rows (layer4 at batch 1); the copy is tiny.
+            # A few rows: weight-bound GEMMs run twice as fast on contiguous rows; a tiny copy.
             z_rows = z_rows.contiguous()
         y_rows = linear_rows(z_rows, weight, bias)  # [Nout*B, Cout]: the one GEMM
         y = fovi_layout_empty(batch, c_out, meta.n_out, y_rows)  # [B, Cout, Nout]

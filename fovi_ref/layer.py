@@ -2,20 +2,15 @@
 
 It mirrors fovi's ``KNNConvLayer`` where a reader or :func:`fovi_ref.route_layer` looks
 (``weight [Cout, Cin*V]``, ``bias``, ``in_channels``, ``out_channels``, ``_k``, ``local_rf``) and
-runs every forward through :func:`fovi_ref.knn_conv`, so the dispatcher picks the backend.
+runs every forward through :func:`fovi_ref.knn_conv`.
 
-**The layer owns its graph, and everything derived from it, as buffers.** ``knn`` and
-``rf_index`` are persistent buffers (saved in the state dict); the data its backend derives from
-them (a gather index, segment-sum plans, ...) are non-persistent buffers, computed once when the
-graph is set. So ``.to()``, ``copy.deepcopy``, ``pickle`` and ``torch.save`` carry all of it with
-no recomputation and no global cache, a compiled or exported program sees it as buffers, and
-threads running the layer share nothing mutable. :attr:`KNNConv.meta` is a view of those buffers.
+**The layer owns its graph as buffers**: ``knn`` and ``rf_index`` persistent, the backend's
+derived data non-persistent (computed once per graph), so ``.to()``, ``deepcopy``, ``pickle``,
+``torch.save`` and compiled programs carry it; :attr:`KNNConv.meta` is a view.
 
-Changing the graph: assign ``layer.meta = new_meta`` (validated, derived, used by forward, saved)
-or load a state dict, whose graph is validated before anything in the layer changes. Assigning a
-tensor to ``layer.knn`` or ``layer.rf_index`` raises. The index buffers are constants: editing
-them in place (``layer.knn[0, 0] = 3``, through ``.data`` or ``.numpy()``) is not supported and
-not detected, because no per-call check could see edits made through ``.data`` or numpy.
+Change the graph with ``layer.meta = new_meta`` or a state dict, both validated before anything
+changes; assigning ``layer.knn`` raises. Editing the index buffers in place (through ``.data`` or
+numpy) is not supported, and no per-call check could detect it.
 """
 
 from __future__ import annotations
@@ -23,8 +18,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fovi_ref.knn_autograd import derive_for, get_ops, knn_conv, route
+from fovi_ref.knn_autograd import derive_for, knn_conv, route
 from fovi_ref.meta import KNNMeta, check_int
+from fovi_ref.registry import get_ops
 
 __all__ = ["KNNConv"]
 
@@ -34,12 +30,9 @@ _GRAPH = ("knn", "rf_index")
 class KNNConv(nn.Module):
     """``y = knn_conv(x, weight, bias, meta)``: ``x [B, Cin, Nin]`` -> ``y [B, Cout, Nout]``.
 
-    Args:
-        in_channels: ``Cin``; must equal ``meta.in_channels``.
-        out_channels: ``Cout``.
-        meta: the graph (the layer keeps its own copy).
-        bias: learn a bias (initialised to zero). The weight is kaiming-normal, as in fovi.
-        backend: force a backend by name; ``None`` lets the dispatcher route.
+    ``in_channels`` must equal ``meta.in_channels`` (the layer keeps its own copy of ``meta``);
+    the weight is kaiming-normal and the bias zero, as in fovi; ``backend`` forces one by name
+    (``None``: the dispatcher routes).
     """
 
     def __init__(
@@ -57,9 +50,8 @@ class KNNConv(nn.Module):
         if not isinstance(meta, KNNMeta):
             raise TypeError(f"meta must be a fovi_ref.KNNMeta, got {type(meta).__name__}")
         if in_channels != meta.in_channels:
-            raise ValueError(
-                f"in_channels={in_channels} differs from meta.in_channels={meta.in_channels}"
-            )
+            raise ValueError(f"in_channels={in_channels} differs from meta.in_channels="
+                             f"{meta.in_channels}")  # fmt: skip
         if not isinstance(bias, bool):
             raise TypeError(f"bias must be a bool, got {type(bias).__name__} {bias!r}")
         self.in_channels = in_channels
@@ -76,11 +68,6 @@ class KNNConv(nn.Module):
 
     # ------------------------------------------------------------------------------- the graph
     @property
-    def backend_name(self) -> str:
-        """The backend forward runs: the forced one, else :func:`fovi_ref.route`'s choice."""
-        return self._backend or route(self.meta)
-
-    @property
     def backend(self) -> str | None:
         """The forced backend, or ``None`` (routed). Setting it re-derives the graph's data."""
         return self._backend
@@ -95,14 +82,9 @@ class KNNConv(nn.Module):
         """The graph as a :class:`KNNMeta` over this layer's buffers (a view, built per call)."""
         buffers = self._buffers
         derived = {key: buffers[name] for key, name in self._derived_names.items()}
-        return KNNMeta.trusted(
-            buffers["knn"],
-            buffers["rf_index"],
-            self._n_in,
-            self.in_channels,
-            self._v,
-            {self._derived_backend: derived},
-        )
+        sizes = (self._n_in, self.in_channels, self._v)
+        graph = (buffers["knn"], buffers["rf_index"])
+        return KNNMeta.trusted(*graph, *sizes, {self._derived_backend: derived})
 
     @meta.setter
     def meta(self, meta: KNNMeta) -> None:
@@ -113,18 +95,15 @@ class KNNConv(nn.Module):
         self._set_graph(meta.knn.to(device), meta.rf_index.to(device))
 
     def _check_compatible(self, meta: KNNMeta) -> None:
-        """A new graph must keep ``Nin``, ``Cin`` and ``V``: the weight's shape depends on them,
-        and so does every layer feeding this one."""
+        """A new graph must keep ``Nin``, ``Cin`` and ``V``, which the weight's shape depends on."""
         mine = (self._n_in, self.in_channels, self._v)
         if (meta.n_in, meta.in_channels, meta.v) != mine:
-            raise ValueError(
-                f"a new graph must keep (n_in, in_channels, v) = {mine}; got "
-                f"{(meta.n_in, meta.in_channels, meta.v)} (build a new KNNConv instead)"
-            )
+            raise ValueError(f"a new graph must keep (n_in, in_channels, v) = {mine}; got "
+                             f"{(meta.n_in, meta.in_channels, meta.v)} (build a new KNNConv "
+                             "instead)")  # fmt: skip
 
     def _set_graph(self, knn: torch.Tensor, rf_index: torch.Tensor) -> None:
-        """Validate ``(knn, rf_index)``, make them the graph buffers and derive the backend's data
-        as non-persistent buffers (replacing the previous backend's)."""
+        """Validate ``(knn, rf_index)`` as the graph buffers; derive the backend data as buffers."""
         meta = KNNMeta(knn, rf_index, self._n_in, self.in_channels, self._v)
         backend = self._backend or route(meta)
         derived = derive_for(meta, backend)
@@ -140,25 +119,22 @@ class KNNConv(nn.Module):
 
     def __setattr__(self, name, value):
         if name in _GRAPH and name in self.__dict__.get("_buffers", {}):
-            raise AttributeError(
-                f"assign a new graph with layer.meta = KNNMeta(...), not layer.{name} = ...: "
-                "knn and rf_index change together and the derived data with them"
-            )
+            raise AttributeError(f"assign a new graph with layer.meta = KNNMeta(...), not "
+                                 f"layer.{name} = ...: knn and rf_index change together and the "
+                                 "derived data with them")  # fmt: skip
         super().__setattr__(name, value)
 
     # ------------------------------------------------------------------- nn.Module integration
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        # Moved or cast: the buffers moved together; re-validate what they hold now (to_empty
-        # leaves uninitialised memory, which must not be used as a graph).
+        # Moved or cast: re-validate (to_empty leaves uninitialised memory, not a graph).
         KNNMeta(self.knn, self.rf_index, self._n_in, self.in_channels, self._v)
         return self
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
     ):
-        # Validate everything this layer would take from the state dict *before* changing any
-        # of it, so a refused load leaves the layer exactly as it was.
+        # Validate everything taken from the state dict first: a refused load changes nothing.
         keys = {name: prefix + name for name in _GRAPH}
         new_graph = None
         if any(key in state_dict for key in keys.values()):
@@ -168,10 +144,8 @@ class KNNConv(nn.Module):
         for name, param in (("weight", self.weight), ("bias", self.bias)):
             value = state_dict.get(prefix + name)
             if param is not None and value is not None and value.shape != param.shape:
-                raise ValueError(
-                    f"{prefix}{name} in the state dict has shape {tuple(value.shape)}, this "
-                    f"layer's is {tuple(param.shape)}"
-                )
+                shapes = f"{tuple(value.shape)}, this layer's is {tuple(param.shape)}"
+                raise ValueError(f"{prefix}{name} in the state dict has shape {shapes}")
         rest = {key: value for key, value in state_dict.items() if key not in keys.values()}
         super()._load_from_state_dict(
             rest, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
@@ -200,7 +174,6 @@ class KNNConv(nn.Module):
 
     def extra_repr(self) -> str:
         k, n_out = self.knn.shape
-        return (
-            f"{self.in_channels}, {self.out_channels}, k={k}, v={self._v}, n_in={self._n_in}, "
-            f"n_out={n_out}, bias={self.bias is not None}, backend={self._backend or 'auto'}"
-        )
+        sizes = f"{self.in_channels}, {self.out_channels}, k={k}, v={self._v}, n_in={self._n_in}"
+        backend = self._backend or "auto"
+        return f"{sizes}, n_out={n_out}, bias={self.bias is not None}, backend={backend}"

@@ -3,18 +3,12 @@
 fovi's ``KNNConvLayer`` ends with ``F.linear(features [B, Nout, F], weight, bias)`` and returns
 the result ``.transpose(1, 2)``: ``y [B, Cout, Nout]`` is a *view* whose storage is node-major,
 ``[B, Nout, Cout]`` contiguous (strides ``(Nout*Cout, 1, Cout)``). Every fovi_ref backend returns
-that same layout, for two reasons:
-
-- a model swapped from fovi to fovi_ref then hands the next layer (a BatchNorm, say) tensors with
-  the same strides, so it reduces in the same order and results stay bit-identical;
-- a GEMM whose rows are the ``(b, n)`` pairs writes ``[B*Nout, Cout]``, which *is* that storage:
-  the output needs no unfolding copy.
-
-The bias goes inside the GEMM (``torch.addmm``), as in ``F.linear``: ``bias + features @ W^T``
-is then rounded once. Adding it after the GEMM would round twice, which shows in float16 and
-bfloat16 when the bias cancels the product.
-
-Shapes: ``rows [B*Nout, F]`` (row ``b*Nout + n``), ``weight [Cout, F]``, ``bias [Cout]``.
+that layout: a model swapped from fovi to fovi_ref hands the next layer (a BatchNorm) the same
+strides, so results stay bit-identical, and a GEMM whose rows are the ``(b, n)`` pairs writes
+``[B*Nout, Cout]``, which *is* that storage. The bias goes inside the GEMM (``torch.addmm``), as
+in ``F.linear``, so ``bias + features @ W^T`` is rounded once (adding it after would round twice,
+which shows in float16 and bfloat16 when the bias cancels the product). Shapes: ``rows
+[B*Nout, F]`` (row ``b*Nout + n``), ``weight [Cout, F]``, ``bias [Cout]``.
 """
 
 from __future__ import annotations

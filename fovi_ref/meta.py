@@ -1,29 +1,16 @@
 """The graph of one KNN convolution layer: which inputs each output reads, and in which cell.
 
-A KNN convolution maps node features ``x [B, Cin, Nin]`` to ``y [B, Cout, Nout]``::
-
     y[b, o, n] = bias[o] + sum_{c, k} x[b, c, knn[k, n]] * weight[o, c*V + rf_index[n, k]]
 
-Everything in that formula except ``x``, ``weight`` and ``bias`` is fixed when the layer is
-built, and :class:`KNNMeta` holds exactly that part:
+:class:`KNNMeta` holds what is fixed when the layer is built: ``knn [K, Nout]`` (int64; the value
+``n_in`` marks a *padding* neighbour, outside the field of view, which adds an exact zero and
+receives no gradient), ``rf_index [Nout, K]`` (int64 cells in ``[0, V)``; fovi stores it one-hot
+as ``local_rf [Nout, K, V]``), and ``n_in``, ``in_channels``, ``V``. Every public construction
+validates the index tensors once and keeps private int64 copies; backends then trust the meta.
 
-- ``knn [K, Nout]`` (int64): the ``K`` input neighbours of every output node. The value ``n_in``
-  (one past the last input) marks a *padding* neighbour, a sample point outside the field of view:
-  it contributes an exact zero forward and receives no gradient.
-- ``rf_index [Nout, K]`` (int64, in ``[0, V)``): the reference-grid cell each neighbour falls in.
-  fovi stores the same thing one-hot, as ``local_rf [Nout, K, V]``.
-- ``n_in``, ``in_channels`` and ``V``: sizes the index tensors cannot tell by themselves.
-
-**Validated once, then trusted.** Every public construction checks the index tensors and takes
-private int64 copies; backends then trust the meta.
-
-**Derived data lives on the meta.** A backend precomputes what it needs from the graph (a gather
-index, segment-sum plans, a scatter matrix) with a pure function of the meta, and
-:meth:`KNNMeta.derived` keeps the result *on the meta itself*: computed the first time a backend
-asks, then reused, copied with the meta by ``copy.deepcopy`` and ``pickle``, and moved with it by
-:meth:`KNNMeta.to`. There is no module-level cache and nothing is looked up by ``id``: whoever
-holds the meta holds its derived data, and a layer (:class:`fovi_ref.KNNConv`) keeps its copy as
-non-persistent buffers.
+**Derived data lives on the meta.** What a backend precomputes (a gather index, segment-sum
+plans, a scatter matrix) is a pure function of the meta, kept on it by :meth:`KNNMeta.derived`,
+carried by ``deepcopy``, ``pickle`` and :meth:`KNNMeta.to`; no module-level cache.
 """
 
 from __future__ import annotations
@@ -34,17 +21,28 @@ from typing import Any
 
 import torch
 
-__all__ = ["Derived", "KNNMeta", "check_int"]
+__all__ = ["DTYPES", "Derived", "KNNMeta", "check_int", "dtype_name"]
+
+DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+"""The float dtypes ``knn_conv`` computes in, by name: the one table of dtypes."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``"float32"`` for ``torch.float32``: the name :data:`DTYPES` knows it by."""
+    return str(dtype).removeprefix("torch.")
+
 
 Derived = dict[str, torch.Tensor]
 """A backend's derived data: named tensors, all computed from one meta by a pure function."""
 
-_UNSIGNED = (torch.uint8, torch.uint16, torch.uint32, torch.uint64)
-
 
 def check_int(name: str, value: Any, *, low: int) -> int:
-    """``value`` as a Python int ``>= low``; ``TypeError`` for anything that is not an integer
-    (bools, floats such as 2.9 or 2.0, strings), ``ValueError`` below ``low``."""
+    """``value`` as an int ``>= low``; ``TypeError`` for a non-integer (bool, 2.0)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < low:
@@ -57,9 +55,7 @@ def _check_index_tensor(name: str, t: Any, ndim: int) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.is_meta:
-        raise ValueError(
-            f"{name} is on the 'meta' device: a KNNMeta needs the index values, not just shapes"
-        )
+        raise ValueError(f"{name} is on the 'meta' device: a KNNMeta needs the index values")
     if t.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
@@ -79,25 +75,16 @@ def _check_range(name: str, t: torch.Tensor, low: int, high: int, what: str) -> 
     bad = (t < low) | (t > high)
     if bool(bad.any()):
         pos = tuple(int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"{name} entries must lie in [{low}, {high}] ({what}); "
-            f"{name}[{', '.join(map(str, pos))}] = {int(t[pos])}"
-        )
+        raise ValueError(f"{name} entries must lie in [{low}, {high}] ({what}); "
+                         f"{name}[{', '.join(map(str, pos))}] = {int(t[pos])}")  # fmt: skip
 
 
 class KNNMeta:
-    """Immutable description of one KNN-convolution graph (see the module docstring).
+    """Immutable graph: ``knn [K, Nout]`` (entries in ``[0, n_in]``, ``n_in`` = padding),
+    ``rf_index [Nout, K]`` (entries in ``[0, v)``), ``n_in``, ``in_channels`` and ``v``.
 
-    Build it with :meth:`from_knn`, :meth:`from_local_rf` or :meth:`from_layer` (the constructor
-    takes the same arguments as :meth:`from_knn`). Equality is identity; compare graphs with
-    :meth:`same_graph`.
-
-    Attributes:
-        knn: ``[K, Nout]`` int64, entries in ``[0, n_in]``; ``n_in`` marks padding.
-        rf_index: ``[Nout, K]`` int64, entries in ``[0, v)``.
-        n_in: number of input nodes ``Nin``.
-        in_channels: ``Cin``.
-        v: number of reference-grid cells ``V``.
+    Build it with :meth:`from_knn` (or the constructor, same arguments), :meth:`from_local_rf`
+    or :meth:`from_layer`. Equality is identity; compare graphs with :meth:`same_graph`.
     """
 
     __slots__ = ("knn", "rf_index", "n_in", "in_channels", "v", "_derived", "__weakref__")
@@ -114,14 +101,11 @@ class KNNMeta:
         if k < 1 or n_out < 1:
             raise ValueError(f"knn must be [K, Nout] with K, Nout >= 1, got {tuple(knn.shape)}")
         if tuple(rf_index.shape) != (n_out, k):
-            raise ValueError(
-                f"rf_index must be [Nout, K] = [{n_out}, {k}] to match knn {tuple(knn.shape)}, "
-                f"got {tuple(rf_index.shape)}"
-            )
+            raise ValueError(f"rf_index must be [Nout, K] = [{n_out}, {k}] to match knn "
+                             f"{tuple(knn.shape)}, got {tuple(rf_index.shape)}")  # fmt: skip
         if rf_index.device != knn.device:
-            raise ValueError(
-                f"knn and rf_index must be on one device, got {knn.device} and {rf_index.device}"
-            )
+            raise ValueError(f"knn and rf_index must be on one device, got {knn.device} and "
+                             f"{rf_index.device}")  # fmt: skip
         _check_range("knn", knn, 0, n_in, f"n_in = {n_in} marks padding")
         _check_range("rf_index", rf_index, 0, v - 1, f"v = {v} cells")
         # Private contiguous copies: the meta must not change if the caller edits its tensors.
@@ -129,32 +113,16 @@ class KNNMeta:
 
     def _init(self, knn, rf_index, n_in, in_channels, v, derived=None) -> None:
         # object.__setattr__ because __setattr__ below refuses every assignment.
-        for name, value in (
-            ("knn", knn),
-            ("rf_index", rf_index),
-            ("n_in", n_in),
-            ("in_channels", in_channels),
-            ("v", v),
-            ("_derived", {} if derived is None else derived),
-        ):
+        values = (knn, rf_index, n_in, in_channels, v, {} if derived is None else derived)
+        for name, value in zip(self.__slots__[:6], values, strict=True):
             object.__setattr__(self, name, value)
 
     @classmethod
-    def trusted(
-        cls,
-        knn: torch.Tensor,
-        rf_index: torch.Tensor,
-        n_in: int,
-        in_channels: int,
-        v: int,
-        derived: dict[str, Derived] | None = None,
-    ) -> KNNMeta:
-        """A meta over tensors that were validated before, *without* validating or copying them.
-
-        For owners of already-validated graph tensors: a :class:`fovi_ref.KNNConv` building its
-        meta from its buffers, the custom op rebuilding one from its arguments, unpickling.
-        ``derived`` maps a backend name to its derived data (see :meth:`derived`).
-        """
+    def trusted(cls, knn: torch.Tensor, rf_index: torch.Tensor, n_in: int, in_channels: int,
+                v: int, derived: dict[str, Derived] | None = None) -> KNNMeta:  # fmt: skip
+        """A meta over tensors validated before, *not* validated or copied again: for a
+        ``KNNConv`` building its meta from its buffers, the custom op, unpickling. ``derived``
+        maps a backend name to its derived data (see :meth:`derived`)."""
         meta = object.__new__(cls)
         meta._init(knn, rf_index, n_in, in_channels, v, derived)
         return meta
@@ -171,86 +139,57 @@ class KNNMeta:
 
     # ----------------------------------------------------------------------------- builders
     @classmethod
-    def from_knn(
-        cls,
-        knn: torch.Tensor,
-        rf_index: torch.Tensor,
-        *,
-        n_in: int,
-        in_channels: int,
-        v: int,
-    ) -> KNNMeta:
-        """Validate and build a meta from neighbour indices and cell indices.
-
-        Args:
-            knn: ``[K, Nout]`` integer tensor, entries in ``[0, n_in]`` (``n_in`` = padding).
-            rf_index: ``[Nout, K]`` integer tensor, entries in ``[0, v)``, same device as ``knn``.
-            n_in: number of input nodes. in_channels: ``Cin``. v: number of cells ``V``.
-        """
+    def from_knn(cls, knn: torch.Tensor, rf_index: torch.Tensor, *, n_in: int, in_channels: int,
+                 v: int) -> KNNMeta:  # fmt: skip
+        """Validate and build a meta from ``knn [K, Nout]`` (entries in ``[0, n_in]``, ``n_in``
+        = padding) and ``rf_index [Nout, K]`` (entries in ``[0, v)``, on ``knn``'s device)."""
         return cls(knn, rf_index, n_in, in_channels, v)
 
     @classmethod
-    def from_local_rf(
-        cls, knn: torch.Tensor, local_rf: torch.Tensor, *, n_in: int, in_channels: int
-    ) -> KNNMeta:
-        """Build a meta from fovi's one-hot ``local_rf [Nout, K, V]`` (any real or bool dtype).
-
-        Every ``local_rf[n, k, :]`` must be exactly one-hot: entries in {0, 1}, one 1.
-        """
-        if not isinstance(local_rf, torch.Tensor):
-            raise TypeError(f"local_rf must be a torch.Tensor, got {type(local_rf).__name__}")
+    def from_local_rf(cls, knn: torch.Tensor, local_rf: torch.Tensor, *, n_in: int,
+                      in_channels: int) -> KNNMeta:  # fmt: skip
+        """Build a meta from fovi's one-hot ``local_rf [Nout, K, V]`` (any real or bool dtype):
+        every ``local_rf[n, k, :]`` must hold exactly one 1, and 0 elsewhere."""
+        if not isinstance(local_rf, torch.Tensor) or local_rf.is_complex():
+            got = local_rf.dtype if isinstance(local_rf, torch.Tensor) else type(local_rf).__name__
+            raise TypeError(f"local_rf must be a real torch.Tensor, got {got}")
         if local_rf.is_meta:
             raise ValueError("local_rf is on the 'meta' device: a KNNMeta needs its values")
         if local_rf.dim() != 3:
             raise ValueError(f"local_rf must be [Nout, K, V], got shape {tuple(local_rf.shape)}")
-        if local_rf.is_complex():
-            raise TypeError(f"local_rf must be real, got {local_rf.dtype}")
         ones = local_rf == 1
         not_binary = ~(ones | (local_rf == 0))
         if bool(not_binary.any()):
             pos = tuple(int(i) for i in not_binary.nonzero()[0])
-            raise ValueError(
-                f"local_rf must be one-hot (entries 0 or 1); local_rf{list(pos)} = "
-                f"{local_rf[pos].item()}"
-            )
+            raise ValueError(f"local_rf must be one-hot (entries 0 or 1); local_rf{list(pos)} = "
+                             f"{local_rf[pos].item()}")  # fmt: skip
         per_row = ones.sum(dim=2)  # [Nout, K]
         if bool((per_row != 1).any()):
             n, k = (int(i) for i in (per_row != 1).nonzero()[0])
-            raise ValueError(
-                f"local_rf must be one-hot along its last axis; local_rf[{n}, {k}, :] has "
-                f"{int(per_row[n, k])} ones"
-            )
+            raise ValueError(f"local_rf must be one-hot along its last axis; local_rf[{n}, {k}, :] "
+                             f"has {int(per_row[n, k])} ones")  # fmt: skip
         rf_index = ones.to(torch.uint8).argmax(dim=2)  # [Nout, K]
-        return cls.from_knn(
-            knn, rf_index, n_in=n_in, in_channels=in_channels, v=int(local_rf.shape[2])
-        )
+        v = int(local_rf.shape[2])
+        return cls.from_knn(knn, rf_index, n_in=n_in, in_channels=in_channels, v=v)
 
     @classmethod
     def from_layer(cls, layer: Any, in_channels: int | None = None) -> KNNMeta:
-        """Build a meta from a fovi ``KNNConvLayer`` without importing fovi.
-
-        Reads ``layer.knn_indices_pad_token`` (or ``layer.knn_indices``, where every index at or
-        past the input count names a pad coordinate and becomes padding), ``layer.local_rf``,
-        ``layer.in_channels`` (unless ``in_channels`` is given) and the input node count from
-        ``layer.in_coords.shape[0]`` (or ``layer.knn_pad_token_val``). Each must be a tensor
-        (or an int for the counts); anything else raises ``TypeError`` naming the attribute.
-        """
+        """Build a meta from a fovi ``KNNConvLayer`` without importing fovi: its
+        ``knn_indices_pad_token`` (or ``knn_indices``, every index past the inputs a padding),
+        ``local_rf``, ``in_channels`` (unless given) and its input count (``in_coords.shape[0]``
+        or ``knn_pad_token_val``); a missing or mistyped attribute raises ``TypeError``."""
         what = type(layer).__name__
         if hasattr(layer, "in_coords"):
             shape = getattr(layer.in_coords, "shape", None)  # a tensor, or fovi's SamplingCoords
             if shape is None or len(shape) < 1:
-                raise TypeError(
-                    "layer.in_coords must have a shape (a torch.Tensor or fovi's SamplingCoords), "
-                    f"got {type(layer.in_coords).__name__}"
-                )
+                got = type(layer.in_coords).__name__
+                raise TypeError(f"layer.in_coords must have a shape, got {got}")
             n_in = check_int("layer.in_coords.shape[0]", shape[0], low=1)
         elif hasattr(layer, "knn_pad_token_val"):
             n_in = check_int("layer.knn_pad_token_val", layer.knn_pad_token_val, low=1)
         else:
-            raise TypeError(
-                f"layer ({what}) has neither in_coords nor knn_pad_token_val; "
-                "cannot tell its input node count"
-            )
+            raise TypeError(f"layer ({what}) has neither in_coords nor knn_pad_token_val; cannot "
+                            "tell its input node count")  # fmt: skip
         if hasattr(layer, "knn_indices_pad_token"):
             knn = _check_index_tensor("layer.knn_indices_pad_token", layer.knn_indices_pad_token, 2)
         elif hasattr(layer, "knn_indices"):
@@ -268,9 +207,8 @@ class KNNMeta:
             if not hasattr(layer, "in_channels"):
                 raise TypeError(f"layer ({what}) has no in_channels; pass in_channels=")
             in_channels = check_int("layer.in_channels", layer.in_channels, low=1)
-        return cls.from_local_rf(
-            knn.detach(), layer.local_rf.detach(), n_in=n_in, in_channels=in_channels
-        )
+        local_rf = layer.local_rf.detach()
+        return cls.from_local_rf(knn.detach(), local_rf, n_in=n_in, in_channels=in_channels)
 
     # --------------------------------------------------------------------------- derived
     @property
@@ -298,11 +236,8 @@ class KNNMeta:
 
     @property
     def input_linear(self) -> torch.Tensor:
-        """``[Nout, Cin*K]`` int64 index into ``x.reshape(B, Cin*Nin)`` (fovi's form).
-
-        Column ``c*K + k`` of row ``n`` holds ``c*n_in + knn[k, n]``, or ``Cin*n_in`` (one past
-        the end of the flattened input) where ``knn[k, n]`` is padding.
-        """
+        """``[Nout, Cin*K]`` int64 index into ``x.reshape(B, Cin*Nin)`` (fovi's form): column
+        ``c*K + k`` of row ``n`` is ``c*n_in + knn[k, n]``, or ``Cin*n_in`` for padding."""
         channel_offset = torch.arange(self.in_channels, device=self.device) * self.n_in  # [Cin]
         flat = channel_offset[:, None, None] + self.knn[None]  # [Cin, K, Nout]
         flat = flat.masked_fill(self.pad_mask[None], self.in_channels * self.n_in)
@@ -314,58 +249,37 @@ class KNNMeta:
         return one_hot.scatter_(2, self.rf_index.unsqueeze(2), 1)  # [Nout, K, V]
 
     def derived(self, backend: str, derive: Callable[[KNNMeta], Derived]) -> Derived:
-        """The data ``backend`` derives from this graph: ``derive(self)``, computed once.
-
-        The result is stored on this meta (not in any global cache), so it lives exactly as long
-        as the meta and travels with it through :meth:`to`, ``deepcopy`` and ``pickle``. Two
-        threads asking at once may both compute it; ``setdefault`` keeps one, and both are equal
-        because ``derive`` is a pure function of the graph.
-
-        Inside ``torch.compile`` the data must exist already (derivation reads index values,
-        which a compiled graph cannot): :func:`fovi_ref.prepare` it in eager mode first.
-        """
+        """The data ``backend`` derives from this graph: ``derive(self)``, computed once and kept
+        on this meta. Two threads asking at once may both compute it; ``setdefault`` keeps one,
+        equal to the other (``derive`` is pure). Inside ``torch.compile`` the data must exist
+        already (deriving reads index values): :func:`fovi_ref.prepare` it in eager mode first."""
         found = self._derived.get(backend)
         if found is not None:
             return found
         if torch.compiler.is_compiling():
-            raise RuntimeError(
-                f"the {backend!r} data of this KNNMeta is not derived yet and cannot be derived "
-                f"while compiling; call fovi_ref.prepare(meta, {backend!r}) before torch.compile "
-                "(KNNConv layers prepare their own)"
-            )
+            raise RuntimeError(f"the {backend!r} data of this KNNMeta is not derived yet and "
+                               f"cannot be derived while compiling; call fovi_ref.prepare(meta, "
+                               f"{backend!r}) before torch.compile (KNNConv layers prepare "
+                               "their own)")  # fmt: skip
         return self._derived.setdefault(backend, derive(self))
 
     def to(self, device: torch.device | str) -> KNNMeta:
-        """The same graph with its index tensors and derived data on ``device`` (``self`` if
-        already there)."""
+        """The graph and its derived data on ``device`` (``self`` if already there)."""
         device = torch.device(device)
         if device.type == self.device.type and (device.index is None or device == self.device):
             return self
-        derived = {
-            name: {key: t.to(device) for key, t in data.items()}
-            for name, data in self._derived.items()
-        }
-        return KNNMeta.trusted(
-            self.knn.to(device),
-            self.rf_index.to(device),
-            self.n_in,
-            self.in_channels,
-            self.v,
-            derived,
-        )
+        derived = {name: {key: t.to(device) for key, t in data.items()}
+                   for name, data in self._derived.items()}  # fmt: skip
+        sizes = (self.n_in, self.in_channels, self.v)
+        return KNNMeta.trusted(self.knn.to(device), self.rf_index.to(device), *sizes, derived)
 
     def same_graph(self, other: KNNMeta) -> bool:
         """True when ``other`` describes the same graph (sizes and index tensors equal)."""
-        return (
-            (self.n_in, self.in_channels, self.v) == (other.n_in, other.in_channels, other.v)
-            and self.knn.shape == other.knn.shape
-            and torch.equal(self.knn.cpu(), other.knn.cpu())
-            and torch.equal(self.rf_index.cpu(), other.rf_index.cpu())
-        )
+        sizes = (self.n_in, self.in_channels, self.v) == (other.n_in, other.in_channels, other.v)
+        same = self.knn.shape == other.knn.shape and torch.equal(self.knn.cpu(), other.knn.cpu())
+        return sizes and same and torch.equal(self.rf_index.cpu(), other.rf_index.cpu())
 
     def __repr__(self) -> str:
-        return (
-            f"KNNMeta(k={self.k}, v={self.v}, n_in={self.n_in}, n_out={self.n_out}, "
-            f"in_channels={self.in_channels}, padding={int(self.pad_mask.sum())}, "
-            f"device={self.device})"
-        )
+        return (f"KNNMeta(k={self.k}, v={self.v}, n_in={self.n_in}, n_out={self.n_out}, "
+                f"in_channels={self.in_channels}, padding={int(self.pad_mask.sum())}, "
+                f"device={self.device})")  # fmt: skip

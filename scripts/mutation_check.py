@@ -7,9 +7,9 @@ Each mutation wraps a registered backend at the ops level (its ``forward``, ``gr
 ``grad_weight`` are called with a doctored graph, or their results are doctored), so it works
 whatever the backend's internals are. Each mutant then runs through
 
-- :func:`fovi_ref.testing.check_ops` on random and res18 graphs in four dtypes; a check *catches*
-  the mutation when it fails for the mutant and passes for the clean backend on the same graph,
-  dtype and quantity (so a failure the clean backend already has does not count);
+- :func:`fovi_ref.check.check_ops.check_ops` on random and res18 graphs in four dtypes; a check
+  *catches* the mutation when it fails for the mutant and passes for the clean backend on the same
+  graph, dtype and quantity (so a failure the clean backend already has does not count);
 - the property tests of tests/test_properties.py, with the mutant registered as a backend.
 
 The table says, for every mutation, whether it was caught and by which checks. The script exits
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from fovi_ref import KNNMeta, get_ops, register_ops, unregister_ops
-from fovi_ref.testing import CHECKS, check_ops
+from fovi_ref.check.check_ops import CHECKS, check_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST_GRAPHS = ("random", "layer4.0.downsample.0", "layer4.1.conv1")

@@ -35,7 +35,7 @@ def one_thread():
 
 
 # Every backend adds the bias inside its GEMM (fovi_ref.layout; einsum_baseline hands F.linear
-# contiguous features), so each must round W x + b once: fovi_ref.tolerances, step 2 (d).
+# contiguous features), so each must round W x + b once: fovi_ref.check.tolerances, step 2 (d).
 FUSED_BIAS_BACKENDS = ("general", "gather_gemm", "einsum_baseline")
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -8,6 +8,9 @@ import torch.nn.functional as F
 from conftest import DEVICES, LOW_PRECISION, random_meta, sample_inputs
 
 from fovi_ref import KNNMeta, knn_conv
+from fovi_ref.check.operands import forward_and_grads
+from fovi_ref.check.tolerances import QUANTITIES, expected_quantities, judge_elementwise
+from fovi_ref.check.verify import BASELINE, backends_for
 from fovi_ref.grid import conv2d_grid_meta, to_grid, to_nodes
 from fovi_ref.knn_general import (
     SegmentSumPlan,
@@ -16,8 +19,6 @@ from fovi_ref.knn_general import (
     segment_sum_naive,
 )
 from fovi_ref.knn_general import derive as general_derive
-from fovi_ref.tolerances import QUANTITIES, expected_quantities, judge_elementwise
-from fovi_ref.verify import BASELINE, backends_for, forward_and_grads
 
 KS = [1, 2, 4, 9, 49]
 VS = [1, 4, 9, 49]
@@ -43,7 +44,7 @@ def test_float64_matches_oracle(k, v, device):
 @pytest.mark.parametrize("k,v", [(1, 1), (2, 4), (9, 9), (49, 49)])
 def test_low_precision_within_error_bound(k, v, dtype, device):
     """Every element of every result in float32/16/bf16 stays within its bound (the rule of
-    fovi_ref.tolerances); einsum_baseline's worst ratio rides along in the message."""
+    fovi_ref.check.tolerances); einsum_baseline's worst ratio rides along in the message."""
     meta = random_meta(k, v, n_in=60, n_out=40, in_channels=16, seed=7, device=device)
     x, w, b = sample_inputs(meta, out_channels=32, batch=4, dtype=dtype)
     grad_y = torch.randn(4, 32, meta.n_out, device=device).to(dtype)

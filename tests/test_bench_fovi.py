@@ -12,7 +12,7 @@ pytest.importorskip(
     reason="fovi 2.4.0 is not installed: pip install --no-deps -r scripts/fovi-requirements.txt",
 )
 
-from fovi_ref.bench import fovi  # noqa: E402
+from fovi_ref.check.bench import fovi  # noqa: E402
 
 
 def test_bench_fovi_rows_and_table(tmp_path, capsys):

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from fovi_ref.__main__ import parser
+from fovi_ref.check.cli import parser
 
 
 def subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -28,8 +28,8 @@ def test_every_option_has_help_and_shows_its_default(name):
 
 
 def test_help_lists_the_bench_targets():
-    from fovi_ref.bench.layers import TARGETS
+    from fovi_ref.check.bench import targets
 
     text = subparsers()["bench"].format_help()
-    for name, target in TARGETS.items():
-        assert name in text and str(target) in text
+    for target in targets.ALL:
+        assert target.name in text and str(target.at_most) in text

@@ -8,9 +8,9 @@ import torch
 from conftest import DEVICES, random_meta, sample_inputs
 
 from fovi_ref import KNNConv, available_ops, derive_for, get_ops, knn_conv, prepare, route
+from fovi_ref.check.bench.budget import forced_grad_input_path
+from fovi_ref.check.tolerances import expected_quantities, judge_elementwise
 from fovi_ref.knn_autograd import _grad_input_op, _grad_weight_op, _knn_conv_op
-from fovi_ref.knn_gather_gemm import forced_grad_input_path
-from fovi_ref.tolerances import expected_quantities, judge_elementwise
 
 # The K=1 graph runs once with each grad_input path of gather_gemm (dense S and index).
 GRAPHS = [(1, 1, "dense"), (1, 1, "index"), (9, 9, None)]

@@ -1,4 +1,5 @@
-"""Registry, dispatcher and argument checks of knn_conv."""
+"""Registry, dispatcher and argument checks of knn_conv, and the backend protocol as the harness
+checks it (fovi_ref.check.protocol: the op itself trusts its backends)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from fovi_ref import (
     route_layer,
     unregister_ops,
 )
+from fovi_ref.check.protocol import check_protocol, policed
 from fovi_ref.knn_gather_gemm import GatherGemmOps
 
 
@@ -133,9 +135,9 @@ def test_register_use_and_unregister_a_backend():
         ),
     ],
 )
-def test_register_rejects_incomplete_ops(ops, message):
+def test_check_protocol_rejects_incomplete_ops(ops, message):
     with pytest.raises(TypeError, match=message):
-        register_ops(ops)
+        check_protocol(ops)
 
 
 def test_unknown_backend_names():
@@ -187,13 +189,9 @@ def test_a_backend_returning_the_wrong_shape_or_dtype_is_named():
             grad_weight=general.grad_weight,
         )
         setattr(ops, method, fn)
-        register_ops(ops)
-        try:
-            with pytest.raises(RuntimeError, match=f"backend 'broken' returned .* {message}"):
-                y = knn_conv(x, w, b, meta, backend="broken")
-                torch.autograd.grad(y, (x, w), torch.ones_like(y))
-        finally:
-            unregister_ops("broken")
+        with pytest.raises(TypeError, match=f"backend 'broken' returned .* {message}"):
+            y = knn_conv(x, w, b, meta, backend=policed(ops))
+            torch.autograd.grad(y, (x, w), torch.ones_like(y))
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
@@ -260,7 +258,7 @@ def test_the_operand_pair_comes_whole_and_returns_a_pair():
         ),
     )
     with pytest.raises(TypeError, match="come as a pair"):
-        register_ops(half)
+        check_protocol(half)
     meta = random_meta(4, 4)
     x, w, b = sample_inputs(meta)
     half.name = "not_a_pair"
@@ -268,12 +266,8 @@ def test_the_operand_pair_comes_whole_and_returns_a_pair():
     half.grad_weight_of_operand = lambda meta, grad_y, operand: general.grad_weight(
         meta, grad_y, operand
     )
-    register_ops(half)
-    try:
-        with pytest.raises(RuntimeError, match="'not_a_pair': forward_with_operand must return"):
-            knn_conv(x, w, b, meta, backend="not_a_pair")
-    finally:
-        unregister_ops("not_a_pair")
+    with pytest.raises(TypeError, match="'not_a_pair': forward_with_operand must return"):
+        knn_conv(x, w, b, meta, backend=policed(half))
 
 
 def test_grad_y_layout_must_keep_shape_and_dtype():
@@ -287,31 +281,17 @@ def test_grad_y_layout_must_keep_shape_and_dtype():
         grad_weight=general.grad_weight,
         grad_y_layout=lambda g: g[:1],
     )
-    register_ops(ops)
-    try:
-        y = knn_conv(x, w, b, meta, backend="bad_layout")
-        with pytest.raises(RuntimeError, match="backend 'bad_layout': grad_y_layout must return"):
-            torch.autograd.grad(y, (x, w), torch.ones_like(y))
-    finally:
-        unregister_ops("bad_layout")
+    y = knn_conv(x, w, b, meta, backend=policed(ops))
+    with pytest.raises(TypeError, match="backend 'bad_layout' returned .* from grad_y_layout"):
+        torch.autograd.grad(y, (x, w), torch.ones_like(y))
 
 
-def test_a_backend_returning_another_layout_is_brought_to_fovis():
+def test_knn_conv_runs_an_unregistered_ops_object_in_eager_mode():
+    """``backend=`` takes an ops object (how check_ops runs what it judges); compiled code
+    needs a registered name."""
     meta = random_meta(4, 4)
     x, w, b = sample_inputs(meta)
-    general = get_ops("general")
-    ops = types.SimpleNamespace(
-        name="contiguous_general",
-        forward=lambda m, x, w, b: general.forward(m, x, w, b).contiguous(),
-        grad_input=general.grad_input,
-        grad_weight=general.grad_weight,
-    )
-    register_ops(ops)
-    try:
-        y = knn_conv(x, w, b, meta, backend="contiguous_general")
-    finally:
-        unregister_ops("contiguous_general")
-    assert y.transpose(1, 2).is_contiguous()
+    y = knn_conv(x, w, b, meta, backend=policed(get_ops("general")))
     torch.testing.assert_close(y, knn_conv(x, w, b, meta, backend="general"), rtol=0, atol=0)
 
 

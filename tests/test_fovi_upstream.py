@@ -2,7 +2,7 @@
 
 Needs fovi==2.4.0 (``pip install --no-deps -r scripts/fovi-requirements.txt``); skips only where
 fovi is absent. Every check compares against the float64 oracle with explicit bounds, or pins a
-documented difference of fovi's (see :mod:`fovi_ref.upstream`).
+documented difference of fovi's (see :mod:`fovi_ref.check.fovi`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ from fovi_ref import (
     register_ops,
     route,
     unregister_ops,
-    upstream,
 )
-from fovi_ref.bench import make_inputs, time_contenders
+from fovi_ref.check import fovi as upstream
+from fovi_ref.check.bench import make_inputs, time_contenders
+from fovi_ref.check.operands import QUANTITIES
+from fovi_ref.check.protocol import policed
+from fovi_ref.check.tolerances import UNIT_ROUNDOFF, relative_error
 from fovi_ref.geometry import resnet18_layers, resnet18_plan
 from fovi_ref.reference import knn_conv_reference
-from fovi_ref.tolerances import UNIT_ROUNDOFF, relative_error
 
 pytest.importorskip(
     "fovi",
@@ -76,7 +78,7 @@ def test_the_pinned_release_is_installed():
 def test_without_fovi_fovi_ref_imports_and_upstream_says_how_to_install():
     code = (
         "import sys; sys.modules['fovi'] = None\n"  # makes `import fovi` fail
-        "import fovi_ref, fovi_ref.upstream as up\n"
+        "import fovi_ref, fovi_ref.check.fovi as up\n"
         "try:\n    up.fovi_resnet18_layers()\n"
         "except up.FoviUnavailable as err:\n    print(err)\n"
     )
@@ -118,7 +120,7 @@ def test_meta_read_from_a_layer_is_fovis_graph(layers, name):
     """KNNMeta.from_layer reads what fovi computes with: fovi's own padded index tables."""
     rec = layers[name]
     fovi_meta = upstream.to_fovi_meta(rec.meta, rec.out_channels)
-    own = upstream._arch().autograd.ensure_training_metadata(rec.layer, torch.device("cpu"))
+    own = upstream.fovi_arch().autograd.ensure_training_metadata(rec.layer, torch.device("cpu"))
     for field in ("cin", "cout", "nin", "nout", "k", "v", "p", "p64", "q"):
         assert getattr(fovi_meta, field) == getattr(own, field), field
     for field in ("input_linear", "weight_linear", "rev_rowptr", "rev_col"):
@@ -166,9 +168,7 @@ def test_every_fovi_backend_matches_the_oracle_on_fovis_layers(layers, name):
                 continue
             grad_y = None if backend == "torch_cached" else gy
             got = run(backend, x, w, b, grad_y, layer=rec.layer)
-            for quantity, value, ref, base in zip(
-                upstream.QUANTITIES, got, expected, baseline, strict=True
-            ):
+            for quantity, value, ref, base in zip(QUANTITIES, got, expected, baseline, strict=True):
                 if value is None:
                     continue
                 err, where = relative_error(value, ref), f"{backend} {dtype} {quantity}"
@@ -215,7 +215,7 @@ def test_verify_fovi_cli_exits_2_without_fovi(tmp_path):
     """Without fovi importable, ``verify --fovi`` exits 2 and names the install command."""
     code = (
         "import sys; sys.modules['fovi'] = None\n"
-        "from fovi_ref.__main__ import main\n"
+        "from fovi_ref.check.cli import main\n"
         f"sys.exit(main(['verify', '--fovi', '--out', {str(tmp_path)!r}]))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -438,8 +438,9 @@ def test_fovi_ops_run_under_fovi_refs_custom_op():
             assert relative_error(y, expected[0]) < 1e-13
             if path == "direct":
                 # Called directly, torch_compact hands back float32 gradients for float64
-                # operands; fovi_ref's op boundary refuses them, naming the backend.
-                with pytest.raises(RuntimeError, match=f"{ops.name}' returned .* torch.float32"):
+                # operands; the harness's policing refuses them, naming the backend.
+                y = knn_conv(x, w, b, meta, backend=policed(ops))
+                with pytest.raises(TypeError, match=f"{ops.name}' returned .* torch.float32"):
                     torch.autograd.grad(y, (x, w, b), gy)
                 continue
             got = (y, *torch.autograd.grad(y, (x, w, b), gy))
@@ -460,12 +461,8 @@ def test_fovi_ops_run_under_fovi_refs_custom_op():
 
 
 def test_check_fovi_ops_goes_through_check_ops():
-    testing = pytest.importorskip(
-        "fovi_ref.testing", reason="fovi_ref.testing.check_ops lands with the tolerance rewrite"
-    )
-    assert callable(testing.check_ops)
     report = upstream.check_fovi_ops("torch_compact", path="direct", dtypes=(F32,))
-    assert report is not None
+    assert report.ops_name == "fovi_torch_compact_direct" and report.rows
 
 
 # ------------------------------------------------------------------------ the user's adapter

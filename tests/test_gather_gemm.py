@@ -9,6 +9,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from fovi_ref import KNNMeta, knn_conv, prepare
 from fovi_ref import knn_gather_gemm as gg
+from fovi_ref.check.bench.budget import forced_grad_input_path
 from fovi_ref.knn_gather_gemm import GatherGemmOps, derive
 
 
@@ -65,10 +66,10 @@ def test_dense_and_index_paths_agree(device, dtype):
     meta = random_meta(1, 1, n_in=40, n_out=30, seed=4, device=device)  # has collisions, padding
     _, w, _ = sample_inputs(meta, dtype=dtype)
     grad_y = torch.randn(2, 4, meta.n_out, device=device).to(dtype)
-    with gg.forced_grad_input_path("dense", meta.device.type):
+    with forced_grad_input_path("dense", meta.device.type):
         assert gg.uses_dense_scatter(meta, meta.device)
         dense = GatherGemmOps.grad_input(meta, grad_y, w.detach())
-    with gg.forced_grad_input_path("index", meta.device.type):
+    with forced_grad_input_path("index", meta.device.type):
         assert not gg.uses_dense_scatter(meta, meta.device)
         index = GatherGemmOps.grad_input(meta, grad_y, w.detach())
     # Both add the same one or two terms per input (at most one collision here) in float32 or
@@ -86,12 +87,12 @@ def test_budget_is_a_size_threshold_and_forcing_restores_it(monkeypatch):
     monkeypatch.setitem(gg.DENSE_S_BUDGET, "cpu", 100)
     assert gg.uses_dense_scatter(small, cpu) and not gg.uses_dense_scatter(large, cpu)
     before = dict(gg.DENSE_S_BUDGET)
-    with gg.forced_grad_input_path("dense"):
+    with forced_grad_input_path("dense"):
         assert gg.uses_dense_scatter(large, cpu)
     assert before == gg.DENSE_S_BUDGET
     with (
         pytest.raises(ValueError, match="path must be 'dense' or 'index'"),
-        gg.forced_grad_input_path("sparse"),
+        forced_grad_input_path("sparse"),
     ):
         pass
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import random_meta
 
-from fovi_ref import bench
-from fovi_ref.__main__ import main
-from fovi_ref.knn_gather_gemm import forced_grad_input_path
+from fovi_ref.check import bench
+from fovi_ref.check.bench.budget import forced_grad_input_path
+from fovi_ref.check.cli import main
 from fovi_ref.knn_general import GeneralOps
 
 

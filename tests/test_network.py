@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fovi_ref import route
-from fovi_ref.bench import network as network_bench
-from fovi_ref.network import KNNMaxPool, ResNet18Trunk
+from fovi_ref.check.bench import network as network_bench
+from fovi_ref.check.network import KNNMaxPool, ResNet18Trunk
 
 
 @pytest.fixture(scope="module")

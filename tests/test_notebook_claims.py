@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fovi_ref.bench import budget
+from fovi_ref.check.bench import budget
 from fovi_ref.knn_gather_gemm import DENSE_S_BUDGET
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"

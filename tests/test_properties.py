@@ -5,7 +5,7 @@ cell, all-padding rows), the operand *style* (plain normal values, wide dynamic 
 near float16's subnormals, small integers that cancel exactly) and the cancellations (a bias
 that cancels ``W x`` at one node, upstream gradients that cancel in pairs of nodes); a drawn
 seed fills in the values. Every result is judged elementwise against the float64 oracle by the
-rule of fovi_ref.tolerances.
+rule of fovi_ref.check.tolerances.
 
 The default profile runs a few examples per test (tests/conftest.py); ``make properties`` runs
 the long one (``HYPOTHESIS_PROFILE=long``).
@@ -21,10 +21,10 @@ from conftest import FUSED_BIAS_BACKENDS
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fovi_ref import KNNMeta, available_ops, get_ops
+from fovi_ref import KNNMeta, available_ops, dtype_name, get_ops
+from fovi_ref.check.operands import forward_and_grads
+from fovi_ref.check.tolerances import expected_quantities, judge_elementwise
 from fovi_ref.reference import knn_conv_reference
-from fovi_ref.tolerances import expected_quantities, judge_elementwise
-from fovi_ref.verify import forward_and_grads
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 STYLES = ("normal", "wide", "tiny", "integers")
@@ -105,7 +105,7 @@ def _judge_all(got, expected, dtype, skip=()):
 
 def _backend_cases(backends=None):
     return [
-        pytest.param(backend, dtype, id=f"{backend}-{str(dtype)[6:]}")
+        pytest.param(backend, dtype, id=f"{backend}-{dtype_name(dtype)}")
         for backend in (backends or available_ops())
         for dtype in DTYPES
     ]

@@ -1,6 +1,6 @@
-"""fovi_ref.testing.check_ops on fovi_ref's own backends, and on ops that differ in the ways a
-foreign implementation can (its own meta, another output dtype, exceptions, fovi 2.4.0's
-zeroed all-padding outputs)."""
+"""check_ops on fovi_ref's own backends, and on ops that differ in the ways a foreign
+implementation can (outside the registry or the protocol, another output dtype, exceptions,
+fovi 2.4.0's zeroed all-padding outputs)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fovi_ref import get_ops
-from fovi_ref.testing import CHECKS, check_ops
+from fovi_ref.check.check_ops import CHECKS, check_ops
 
 FAST = ("random", "layer4.0.downsample.0", "layer4.1.conv1")
 LOW = (torch.float16, torch.bfloat16)
@@ -52,42 +52,38 @@ def test_einsum_baseline_differs_only_where_an_inf_meets_its_one_hot_product():
     assert all("non-finite mismatches" in r.note for r in failures)
 
 
-class ForeignMeta:
-    """A meta of another library: the same graph under other names."""
-
-    def __init__(self, meta):
-        self.neighbours, self.cells, self.inner = meta.knn, meta.rf_index, meta
-
-
 class ForeignOps:
-    """An ops object that only understands :class:`ForeignMeta`."""
+    """An ops object outside the registry, delegating to general."""
 
     name = "foreign"
 
     @staticmethod
     def forward(meta, x, weight, bias):
-        assert isinstance(meta, ForeignMeta)
-        return get_ops("general").forward(meta.inner, x, weight, bias)
+        return get_ops("general").forward(meta, x, weight, bias)
 
     @staticmethod
     def grad_input(meta, grad_y, weight):
-        assert isinstance(meta, ForeignMeta)
-        return get_ops("general").grad_input(meta.inner, grad_y, weight)
+        return get_ops("general").grad_input(meta, grad_y, weight)
 
     @staticmethod
     def grad_weight(meta, grad_y, x):
-        assert isinstance(meta, ForeignMeta)
-        return get_ops("general").grad_weight(meta.inner, grad_y, x)
-
-    @staticmethod
-    def grad_bias(meta, grad_y):
-        return grad_y.sum(dim=(0, 2))
+        return get_ops("general").grad_weight(meta, grad_y, x)
 
 
-def test_to_meta_hands_the_ops_their_own_meta_and_grad_bias_is_judged():
-    report = check_ops(ForeignOps, to_meta=ForeignMeta, graphs=["random"], dtypes=LOW)
+def test_an_unregistered_ops_object_is_judged_on_what_a_backend_computes():
+    report = check_ops(ForeignOps, graphs=["random"], dtypes=LOW)
     assert report.ok, report.table(report.failures)
-    assert any(r.quantity == "grad_bias" for r in report.rows)
+    assert {r.quantity for r in report.rows if r.check == "oracle"} == {
+        "y",
+        "grad_x",
+        "grad_weight",
+    }  # fmt: skip  (grad_bias is the op's sum, not the backend's)
+
+
+def test_an_object_outside_the_protocol_is_refused_before_anything_runs():
+    with pytest.raises(TypeError, match="grad_input must be callable"):
+        check_ops(type("NoGradInput", (), {"name": "half", "forward": ForeignOps.forward,
+                                            "grad_weight": ForeignOps.grad_weight}))  # fmt: skip
 
 
 class Float32Gradients(ForeignOps):
@@ -101,12 +97,11 @@ class Float32Gradients(ForeignOps):
 
 
 def test_a_gradient_in_the_wrong_dtype_is_reported_as_what_it_is():
-    report = check_ops(Float32Gradients, to_meta=ForeignMeta, graphs=["random"],
+    report = check_ops(Float32Gradients, graphs=["random"],
                        dtypes=(torch.float64, torch.float32), checks=("oracle",))  # fmt: skip
-    rows = [r for r in report.rows if r.quantity == "grad_weight"]
-    f64 = [r for r in rows if r.dtype == "float64"]
-    assert f64 and all(not r.ok and "returned float32" in r.note for r in f64)
-    assert all(r.ok and not r.note for r in rows if r.dtype == "float32")
+    f64 = [r for r in report.rows if r.dtype == "float64"]
+    assert f64 and all(not r.ok and "torch.float32 from grad_weight" in r.note for r in f64)
+    assert all(r.ok and not r.note for r in report.rows if r.dtype == "float32")
 
 
 class Raises(ForeignOps):
@@ -118,7 +113,7 @@ class Raises(ForeignOps):
 
 
 def test_an_exception_is_a_failed_row_not_a_crash():
-    report = check_ops(Raises, to_meta=ForeignMeta, graphs=["random"], dtypes=(torch.float32,),
+    report = check_ops(Raises, graphs=["random"], dtypes=(torch.float32,),
                        checks=("oracle", "gradcheck"))  # fmt: skip
     assert not report.ok
     assert all("RuntimeError: not implemented" in r.note for r in report.failures)
@@ -132,20 +127,14 @@ class ZeroesEmptyNodes(ForeignOps):
     @staticmethod
     def forward(meta, x, weight, bias):
         y = ForeignOps.forward(meta, x, weight, bias)
-        return y.masked_fill(meta.inner.pad_mask.all(dim=0), 0.0)
-
-    @staticmethod
-    def grad_bias(meta, grad_y):
-        return grad_y.masked_fill(meta.inner.pad_mask.all(dim=0), 0.0).sum(dim=(0, 2))
+        return y.masked_fill(meta.pad_mask.all(dim=0), 0.0)
 
 
 def test_all_padding_zero_follows_fovi_2_4():
-    kwargs = dict(to_meta=ForeignMeta, graphs=["random"], dtypes=LOW, checks=("oracle", "padding"))
+    kwargs = dict(graphs=["random"], dtypes=LOW, checks=("oracle", "padding"))
     assert check_ops(ZeroesEmptyNodes, all_padding="zero", **kwargs).ok
     formula = check_ops(ZeroesEmptyNodes, **kwargs)
-    assert {(r.check, r.quantity) for r in formula.failures} == {
-        ("oracle", "y"), ("oracle", "grad_bias"), ("padding", "y"), ("padding", "grad_bias"),
-    }  # fmt: skip
+    assert {(r.check, r.quantity) for r in formula.failures} == {("oracle", "y"), ("padding", "y")}
 
 
 def test_report_reads_as_a_table_and_as_json(reports):

@@ -11,23 +11,23 @@ import torch.nn.functional as F
 from conftest import FUSED_BIAS_BACKENDS
 
 from fovi_ref import KNNMeta, get_ops
-from fovi_ref.reference import (
+from fovi_ref.check.check_ops import random_meta
+from fovi_ref.check.magnitude import (
     knn_conv_magnitude,
-    knn_conv_reference,
-    knn_conv_reference_grads,
     knn_conv_term_counts,
+    oracle_quantities,
     shared_cell_meta,
 )
-from fovi_ref.testing import random_meta
-from fovi_ref.tolerances import (
+from fovi_ref.check.tolerances import (
     QUANTITIES,
     UNIT_ROUNDOFF,
     error_bound,
     expected_quantities,
     gamma,
-    judge,
     judge_elementwise,
+    relative_error,
 )
+from fovi_ref.reference import knn_conv_reference
 
 LOW = [torch.float16, torch.bfloat16]
 ALL = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
@@ -35,6 +35,14 @@ BACKENDS = ("einsum_baseline", "general", "gather_gemm")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def scale_rule_ok(value: torch.Tensor, ref: torch.Tensor) -> bool:
+    """The rule relative to ``max |ref|`` that the elementwise rule replaced, kept here only as
+    the contrast these tests draw: ``max |value - ref| / max |ref|`` within an absolute ceiling
+    per dtype (1e-12, 1e-5, then 8 unit roundoffs in float16/bfloat16)."""
+    ceiling = {torch.float64: 1e-12, torch.float32: 1e-5}.get(value.dtype)
+    return relative_error(value, ref) <= (ceiling or 8 * UNIT_ROUNDOFF[value.dtype])
 
 
 def one_to_one_meta(n: int = 1) -> KNNMeta:
@@ -45,8 +53,8 @@ def one_to_one_meta(n: int = 1) -> KNNMeta:
 
 def low_precision_oracle(x, w, b, meta, grad_y, dtype):
     """The oracle's loop in float32, each result rounded once to ``dtype``: a correct
-    low-precision implementation under the model of fovi_ref.tolerances (step 2)."""
-    got = knn_conv_reference_grads(x, w, b, meta, grad_y, compute_dtype=torch.float32)
+    low-precision implementation under the model of fovi_ref.check.tolerances (step 2)."""
+    got = oracle_quantities(x, w, b, meta, grad_y, compute_dtype=torch.float32)
     return {q: t.to(dtype) for q, t in zip(QUANTITIES, got, strict=True) if t is not None}
 
 
@@ -118,7 +126,7 @@ def test_magnitude_is_the_oracle_on_absolute_values():
     b = torch.randn(4, generator=g, dtype=torch.float64)
     gy = torch.randn(2, 4, meta.n_out, generator=g, dtype=torch.float64)
     mag = knn_conv_magnitude(x, w, b, meta, gy)
-    ref = knn_conv_reference_grads(x, w, b, meta, gy)
+    ref = oracle_quantities(x, w, b, meta, gy)
     for m, r in zip(mag, ref, strict=True):
         assert bool((m >= r.abs() - 1e-12).all())  # |sum| <= sum of |terms|
     torch.testing.assert_close(mag.grad_bias, gy.abs().sum(dim=(0, 2)))
@@ -141,7 +149,7 @@ def test_padding_has_no_term_even_next_to_inf():
     meta = KNNMeta.from_knn(knn, rf_index, n_in=2, in_channels=1, v=2)
     x = torch.tensor([[[1.0, math.inf]]], dtype=torch.float64)  # input 1 = inf, read by node 1
     w = torch.tensor([[2.0, math.inf]], dtype=torch.float64)  # cell 1 (padding only) holds inf
-    got = knn_conv_reference_grads(x, w, None, meta, torch.ones(1, 1, 2, dtype=torch.float64))
+    got = oracle_quantities(x, w, None, meta, torch.ones(1, 1, 2, dtype=torch.float64))
     assert got.y[0, 0, 0] == 2.0  # node 0: x0 * w0 only; its padding (cell 1) adds nothing
     assert math.isinf(got.y[0, 0, 1])  # node 1 reads the inf input
     assert got.grad_x.tolist() == [[[2.0, 2.0]]]  # gradients from cell 0; none via padding
@@ -165,8 +173,8 @@ def test_all_padding_bias_or_zero():
     x = torch.randn(2, 3, meta.n_in, dtype=torch.float64)
     w, b = torch.randn(2, 12, dtype=torch.float64), torch.tensor([0.5, -2.0], dtype=torch.float64)
     gy = torch.ones(2, 2, meta.n_out, dtype=torch.float64)
-    as_formula = knn_conv_reference_grads(x, w, b, meta, gy)
-    as_fovi = knn_conv_reference_grads(x, w, b, meta, gy, all_padding="zero")
+    as_formula = oracle_quantities(x, w, b, meta, gy)
+    as_fovi = oracle_quantities(x, w, b, meta, gy, all_padding="zero")
     assert bool((as_formula.y[:, :, empty] == b[:, None]).all())
     assert bool((as_fovi.y[:, :, empty] == 0).all())
     torch.testing.assert_close(as_fovi.y[:, :, ~empty], as_formula.y[:, :, ~empty])
@@ -197,7 +205,7 @@ def test_k1_v1_bias_cancellation(dtype):
         assert judge_elementwise(value, fused).ok
     assert not judge_elementwise(twice, fused).ok
     assert judge_elementwise(twice, separate).ok
-    assert judge(twice, fused.value).ok  # the earlier rule sees nothing wrong
+    assert scale_rule_ok(twice, fused.value)  # the earlier rule sees nothing wrong
 
 
 @pytest.mark.parametrize("backend", FUSED_BIAS_BACKENDS)
@@ -240,7 +248,7 @@ def test_gradients_cancelling_on_a_shared_input(dtype):
         for name, value in candidates.items():
             verdict = judge_elementwise(value, expected)
             assert verdict.ok, f"seed {seed} {name}: {verdict}"
-        old_failures += not judge(candidates["einsum_baseline"], expected.value).ok
+        old_failures += not scale_rule_ok(candidates["einsum_baseline"], expected.value)
     assert old_failures > 100
 
 
@@ -269,7 +277,7 @@ def test_oracle_in_lower_precision_passes_where_everything_cancels(dtype):
         verdict = judge_elementwise(get_ops(name).forward(meta, x, w, None), expected)
         assert verdict.ok, f"{name}: {verdict}"
     if dtype == torch.float32:  # every sum cancels to 1e-3 of its terms: the old rule gives up
-        assert not judge(oracle, expected.value).ok
+        assert not scale_rule_ok(oracle, expected.value)
 
 
 # ---------------------------------------------------- the rule fails errors of one term's size
@@ -284,7 +292,7 @@ def mutated_reference(kind: str, meta: KNNMeta, x, w, b, gy):
     elif kind == "padding_reads_input_0":
         knn[meta.pad_mask] = 0
     bad = KNNMeta.from_knn(knn, rf_index, n_in=meta.n_in, in_channels=meta.in_channels, v=meta.v)
-    got = knn_conv_reference_grads(x, w, b, bad, gy)
+    got = oracle_quantities(x, w, b, bad, gy)
     y, grad_x = got.y, got.grad_x
     if kind == "bias_twice":
         y = y + b.double()[None, :, None]

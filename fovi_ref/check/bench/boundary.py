@@ -21,15 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fovi_ref.bench.measure import Contender, fovi_einsum, make_inputs, time_contenders
-from fovi_ref.knn_autograd import knn_conv
+from fovi_ref import knn_conv
+from fovi_ref.check.bench import targets
+from fovi_ref.check.bench.contenders import Contender, fovi_einsum, make_inputs
+from fovi_ref.check.bench.timing import time_contenders
 from fovi_ref.layer import KNNConv
 from fovi_ref.meta import KNNMeta
 
-__all__ = ["BOUNDARY_TARGET", "SCALE_TARGET", "boundary_ratios", "run", "scale_ratios"]
-
-BOUNDARY_TARGET = 1.5
-SCALE_TARGET = 1.2
+__all__ = ["boundary_ratios", "run", "scale_ratios"]
 
 
 def _tiny_meta(k: int, n_in: int, n_out: int, seed: int) -> KNNMeta:
@@ -139,18 +138,23 @@ def run(scale: bool = True) -> dict[str, float]:
     print("boundary: forward + backward through knn_conv / the same arithmetic in plain torch")
     results = {}
     for label, ratio in boundary_ratios().items():
-        target = f"target <= {BOUNDARY_TARGET}" if label.startswith("gather_gemm") else "no target"
+        target = (
+            f"target <= {targets.BOUNDARY.at_most}"
+            if label.startswith("gather_gemm")
+            else "no target"
+        )
         verdict = (
-            "" if "no target" in target else ("  met" if ratio <= BOUNDARY_TARGET else "  MISSED")
+            ""
+            if "no target" in target
+            else ("  met" if ratio <= targets.BOUNDARY.at_most else "  MISSED")
         )
         print(f"  {label:<18}{ratio:6.2f}   ({target}){verdict}")
         results[f"boundary {label}"] = ratio
     if scale:
-        print(
-            f"100 layers, distinct graphs / one shared graph, step time (target <= {SCALE_TARGET})"
-        )
+        limit = targets.SCALE.at_most
+        print(f"100 layers, distinct graphs / one shared graph, step time (target <= {limit})")
         for form, ratio in scale_ratios().items():
-            verdict = "met" if ratio <= SCALE_TARGET else "MISSED"
+            verdict = "met" if ratio <= targets.SCALE.at_most else "MISSED"
             print(f"  {form:<18}{ratio:6.2f}   {verdict}")
             results[f"100 layers {form}"] = ratio
     return results

@@ -5,23 +5,24 @@ and layout pathologies show (a strided view that makes row gathers 30x slower on
 more at batch 2 than at batch 1). For every distinct res18 graph, forward + backward of the routed
 backend through ``knn_conv`` against fovi's einsum path (plain autograd), side by side, at each
 batch size: the table gives milliseconds per sample of the routed backend and the ratio, whose
-target is :data:`TARGET` at every batch.
+target is :data:`fovi_ref.check.bench.targets.SCALING` at every batch.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fovi_ref.bench.measure import fovi_einsum, knn_backend, make_inputs, time_contenders
+from fovi_ref import dtype_name, route
+from fovi_ref.check.bench import targets
+from fovi_ref.check.bench.contenders import fovi_einsum, knn_backend, make_inputs
+from fovi_ref.check.bench.timing import time_contenders
+from fovi_ref.check.jobs import layer_names, progress, shared_graph_groups
 from fovi_ref.geometry import get_layer
-from fovi_ref.jobs import layer_names, progress, shared_graph_groups
-from fovi_ref.knn_autograd import route
 
-__all__ = ["BATCHES", "TARGET", "run", "scaling_rows"]
+__all__ = ["BATCHES", "run", "scaling_rows"]
 
 BATCHES = (1, 2, 4, 8, 16)
-TARGET = 1.0
-"""Routed backend / fovi's einsum, forward + backward, at every batch size (float32)."""
+"""The batch sizes timed per graph."""
 
 
 def scaling_rows(
@@ -58,9 +59,15 @@ def scaling_rows(
 def run(names=None, repeats: int = 7, device: str = "cpu", dtype=torch.float32) -> list[dict]:
     """Print the table of :func:`scaling_rows` (within 100 columns) and return its rows."""
     rows = scaling_rows(names, repeats=repeats, device=device, dtype=dtype)
-    target = TARGET if dtype == torch.float32 else None
-    print(f"\nbatch scaling, {device} {str(dtype)[6:]}: routed backend / fovi's einsum, fwd + bwd")
-    held = f"target <= {TARGET}" if target else f"no target: <= {TARGET} holds float32"
+    target = targets.SCALING.at_most if dtype == torch.float32 else None
+    print(
+        f"\nbatch scaling, {device} {dtype_name(dtype)}: routed backend / fovi's einsum, fwd + bwd"
+    )
+    held = (
+        f"target <= {targets.SCALING.at_most}"
+        if target
+        else f"no target: <= {targets.SCALING.at_most} holds float32"
+    )
     print(f"cell: ms per sample of the routed backend, then the ratio ({held})")
     header = f"{'layer':<22}{'backend':<12}" + "".join(f"{'B=' + str(b):>13}" for b in BATCHES)
     print(header)

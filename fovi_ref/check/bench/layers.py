@@ -1,17 +1,16 @@
 """The per-layer benchmark of ``python -m fovi_ref bench``: what is timed, the targets, tables.
 
 Every contender runs forward + backward (gradients of ``x``, ``weight``, ``bias``), timed in
-interleaved rounds in one process (:func:`fovi_ref.bench.measure.time_contenders`); the tables
+interleaved rounds in one process (:func:`fovi_ref.check.bench.timing.time_contenders`); the tables
 report ratios, which hold on a noisy machine where absolute times do not.
 
 - K = 1 layers (``res18_ds2/3/4``): ``gather_gemm`` against fovi's einsum, ``general`` and the
   two floors (Conv2d 1x1 stride 2; the three GEMMs plus zero-filling the input gradient).
 - K > 1 layers: ``general`` against fovi's einsum, time and peak memory, with the GEMM floor.
 
-:data:`TARGETS` holds the targets (issue "Performance"), :func:`applicable_targets` says which
-of them a row is held to; a ``!`` after a ratio in the tables marks a missed target, and every
-row ends with its verdict. Targets hold float32 rows; float16 and bfloat16 rows are reported
-beside them without targets.
+:data:`fovi_ref.check.bench.targets.LAYERS` holds the targets and says which rows each holds; a
+``!`` after a ratio in the tables marks a missed target, and every row ends with its verdict.
+Targets hold float32 rows; float16 and bfloat16 rows are reported beside them without targets.
 """
 
 from __future__ import annotations
@@ -23,47 +22,21 @@ from pathlib import Path
 
 import torch
 
-from fovi_ref.bench import measure
+from fovi_ref import DTYPES, route
+from fovi_ref.check.bench import contenders, profile, targets, timing
+from fovi_ref.check.jobs import layer_names, progress, shared_graph_groups
 from fovi_ref.geometry import RES18_DOWNSAMPLES, get_layer
-from fovi_ref.jobs import DTYPES, layer_names, progress, shared_graph_groups
-from fovi_ref.knn_autograd import route
-
-# Targets of the bench, as ratios measured side by side. A key is a ratio, then after a comma
-# the rows it holds for ("floor" = the GEMM floor / fovi's einsum, the best any implementation
-# running the layer's GEMMs can reach: where it is above 0.5, general is held to that floor).
-TARGETS = {
-    "gather_gemm / einsum (fovi)": 0.8,
-    "gather_gemm / conv2d floor": 1.0,
-    "gather_gemm / gemm floor, batch < 256": 2.0,
-    "gather_gemm / gemm floor, batch >= 256": 1.6,
-    "general / einsum time, floor <= 0.5": 0.7,
-    "general / gemm floor, floor > 0.5": 1.3,
-    "general / einsum peak memory": 1.0,
-}
-
-
-def applicable_targets(row: dict) -> list[str]:
-    """The keys of :data:`TARGETS` that hold ``row`` (none for a 16-bit row)."""
-    if row["dtype"] != "float32":
-        return []
-    if "gather_gemm / einsum (fovi)" in row:  # a K = 1 row
-        big = row["batch"] >= 256
-        floor = f"gather_gemm / gemm floor, batch {'>=' if big else '<'} 256"
-        return ["gather_gemm / einsum (fovi)", "gather_gemm / conv2d floor", floor]
-    if row["gemm floor / einsum time"] <= 0.5:
-        return ["general / einsum time, floor <= 0.5", "general / einsum peak memory"]
-    return ["general / gemm floor, floor > 0.5", "general / einsum peak memory"]
 
 
 def verdicts(row: dict) -> dict[str, bool]:
-    """``{target key: met}`` for the targets that hold ``row``; the ratio is the key's part
-    before the comma."""
-    return {key: row[key.split(",")[0]] <= TARGETS[key] for key in applicable_targets(row)}
+    """``{target name: met}`` for the targets that hold ``row``."""
+    return {t.name: row[t.ratio] <= t.at_most for t in targets.holding(row)}
 
 
 def mark(row: dict, ratio: str) -> str:
     """``ratio``'s value in ``row``, followed by ``!`` if it misses a target that holds it."""
-    missed = any(not met for key, met in row["verdicts"].items() if key.split(",")[0] == ratio)
+    held = [t for t in targets.holding(row) if t.ratio == ratio]
+    missed = any(not row["verdicts"][t.name] for t in held)
     return f"{row[ratio]:.2f}{'!' if missed else ''}"
 
 
@@ -82,15 +55,15 @@ def bench_downsamples(args, device, dtype_name, names) -> list[dict]:
     for i, (name, batch) in enumerate(jobs, 1):
         progress(i, len(jobs), f"bench {name} batch {batch} {dtype_name}")
         layer = get_layer(name)
-        inputs = measure.make_inputs(layer.meta.to(device), layer.out_channels, batch, dtype)
-        times = measure.time_contenders(
+        inputs = contenders.make_inputs(layer.meta.to(device), layer.out_channels, batch, dtype)
+        times = timing.time_contenders(
             {
-                "gather_gemm": measure.knn_backend(inputs, "gather_gemm"),
-                "gather_gemm direct": measure.knn_backend_direct(inputs, "gather_gemm"),
-                "general": measure.knn_backend(inputs, "general"),
-                "einsum (fovi)": measure.fovi_einsum(inputs),
-                "conv2d floor": measure.conv2d_floor(inputs),
-                "gemm floor": measure.gemm_floor(inputs),
+                "gather_gemm": contenders.knn_backend(inputs, "gather_gemm"),
+                "gather_gemm direct": contenders.knn_backend_direct(inputs, "gather_gemm"),
+                "general": contenders.knn_backend(inputs, "general"),
+                "einsum (fovi)": contenders.fovi_einsum(inputs),
+                "conv2d floor": contenders.conv2d_floor(inputs),
+                "gemm floor": contenders.gemm_floor(inputs),
             },
             repeats=args.repeats,
         )
@@ -98,10 +71,10 @@ def bench_downsamples(args, device, dtype_name, names) -> list[dict]:
         kernels = {}
         if device.type == "cuda":  # launches per forward+backward, from the profiler
             for label, fn in (
-                ("gather_gemm", measure.knn_backend(inputs, "gather_gemm")),
-                ("conv2d floor", measure.conv2d_floor(inputs)),
+                ("gather_gemm", contenders.knn_backend(inputs, "gather_gemm")),
+                ("conv2d floor", contenders.conv2d_floor(inputs)),
             ):
-                counts = measure.op_counts(measure.profile_contender(fn, device))
+                counts = profile.op_counts(profile.profile_contender(fn, device))
                 kernels[label] = counts.get("cuda kernels", 0)
         rows.append(
             {
@@ -130,15 +103,15 @@ def bench_general(args, device, dtype_name, names) -> list[dict]:
         layer = get_layer(members[0])
         batch = 16 if members[0] == "conv1" else args.batch_general
         progress(i, len(groups), f"bench {members[0]} batch {batch} {dtype_name}")
-        inputs = measure.make_inputs(layer.meta.to(device), layer.out_channels, batch, dtype)
-        contenders = {
-            "general": measure.knn_backend(inputs, "general"),
-            "einsum (fovi)": measure.fovi_einsum(inputs),
+        inputs = contenders.make_inputs(layer.meta.to(device), layer.out_channels, batch, dtype)
+        timed = {
+            "general": contenders.knn_backend(inputs, "general"),
+            "einsum (fovi)": contenders.fovi_einsum(inputs),
         }
-        times = measure.time_contenders(
-            {**contenders, "gemm floor": measure.gemm_floor(inputs)}, repeats=args.repeats
+        times = timing.time_contenders(
+            {**timed, "gemm floor": contenders.gemm_floor(inputs)}, repeats=args.repeats
         )
-        memory = {k: measure.peak_memory_bytes(f, device) for k, f in contenders.items()}
+        memory = {k: timing.peak_memory_bytes(f, device) for k, f in timed.items()}
         rows.append(
             {
                 "layer": ", ".join(members),
@@ -210,12 +183,9 @@ def run(args) -> None:
 
 
 def print_downsample_table(rows: list[dict]) -> None:
-    print(
-        f"\nK = 1 layers (float32 targets: /einsum <= {TARGETS['gather_gemm / einsum (fovi)']}, "
-        f"/conv2d <= {TARGETS['gather_gemm / conv2d floor']}, /gemm floor <= "
-        f"{TARGETS['gather_gemm / gemm floor, batch < 256']} below batch 256, else "
-        f"{TARGETS['gather_gemm / gemm floor, batch >= 256']})"
-    )
+    einsum, conv2d, small, big = (t.at_most for t in targets.LAYERS[:4])
+    print(f"\nK = 1 layers (float32 targets: /einsum <= {einsum}, /conv2d <= {conv2d}, "
+          f"/gemm floor <= {small} below batch 256, else {big})")  # fmt: skip
     print(
         f"{'layer':<11}{'dtype':<10}{'batch':>6}{'gg ms':>9}{'/einsum':>9}{'/conv2d':>9}"
         f"{'/gemm fl':>9}{'/general':>9}{'op/direct':>10}{'verdict':>9}"
@@ -236,12 +206,9 @@ def print_downsample_table(rows: list[dict]) -> None:
 
 
 def print_general_table(rows: list[dict]) -> None:
-    print(
-        f"\nK > 1 layers (float32 targets: where floor <= 0.5, time <= "
-        f"{TARGETS['general / einsum time, floor <= 0.5']}; elsewhere /floor <= "
-        f"{TARGETS['general / gemm floor, floor > 0.5']}; memory <= "
-        f"{TARGETS['general / einsum peak memory']} everywhere)"
-    )
+    time, floor, memory = (t.at_most for t in targets.LAYERS[4:])
+    print(f"\nK > 1 layers (float32 targets: where floor <= 0.5, time <= {time}; elsewhere "
+          f"/floor <= {floor}; memory <= {memory} everywhere)")  # fmt: skip
     print("time = general / einsum; floor = the three GEMMs of the layer alone / einsum (no")
     print("implementation that runs those GEMMs can have a time below it); /floor = time / floor")
     print(
@@ -263,17 +230,16 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer = csv.writer(f)
         writer.writerow(["layer", "batch", "dtype", "target", "ratio", "limit", "met"])
         for r in rows:
-            for key, met in r["verdicts"].items():
-                ratio = r[key.split(",")[0]]
-                writer.writerow(
-                    [r["layer"], r["batch"], r["dtype"], key, f"{ratio:.3f}", TARGETS[key], met]
-                )
+            for t in targets.holding(r):
+                met = r["verdicts"][t.name]
+                ratio = f"{r[t.ratio]:.3f}"
+                writer.writerow([r["layer"], r["batch"], r["dtype"], t.name, ratio, t.at_most, met])
 
 
 def _row_target(row: dict, ratio: str) -> float | None:
     """The target that holds ``row``'s ``ratio``, if one does."""
-    keys = [k for k in row["verdicts"] if k.split(",")[0] == ratio]
-    return TARGETS[keys[0]] if keys else None
+    held = [t for t in targets.holding(row) if t.ratio == ratio]
+    return held[0].at_most if held else None
 
 
 def plot_bench(path: Path, ds_rows: list[dict], gen_rows: list[dict], meta: dict) -> None:

@@ -6,13 +6,14 @@ On each fovi-resnet18 layer (batch 64, the stem 16), forward + backward (gradien
 - fovi's dispatcher (``KNNConvLayer`` with ``kernel_backend="auto"``; on CPU with gradients it
   picks ``baseline``) and each training-capable backend fovi has on this device that accepts the
   graph: ``baseline``, ``torch_scatter``, ``torch_compact``, and ``gather_gemm`` where
-  K = V = 1 (:func:`fovi_ref.upstream.fovi_contenders`, fovi's code unchanged);
+  K = V = 1 (:func:`fovi_ref.check.fovi.fovi_contenders`, fovi's code unchanged);
 - fovi_ref's routed backend through :func:`fovi_ref.knn_conv`.
 
 All of one layer's contenders are timed in interleaved rounds in one process
-(:func:`fovi_ref.bench.measure.time_contenders`), so the ratios hold on a noisy machine. The
+(:func:`fovi_ref.check.bench.timing.time_contenders`), so the ratios hold on a noisy machine. The
 column ``fovi_ref / best fovi`` divides fovi_ref's median by the fastest fovi contender's; its
-target is :data:`TARGET`. Layers sharing a graph and channel count are timed once.
+target is :data:`fovi_ref.check.bench.targets.FOVI`. Layers sharing a graph and channel count
+are timed once.
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ from pathlib import Path
 
 import torch
 
-from fovi_ref.bench import measure
-from fovi_ref.jobs import DTYPES, layer_names, progress, shared_graph_groups
-from fovi_ref.knn_autograd import route
+from fovi_ref import DTYPES, route
+from fovi_ref.check import fovi as upstream
+from fovi_ref.check.bench import contenders, targets, timing
+from fovi_ref.check.jobs import layer_names, progress, shared_graph_groups
 
-__all__ = ["TARGET", "bench_fovi", "format_table", "run"]
-
-TARGET = 0.8
+__all__ = ["bench_fovi", "format_table", "run"]
 """``fovi_ref / best fovi``: fovi_ref's routed backend against the fastest of fovi's own."""
 
 # Column titles of fovi's contenders (the dispatcher's contender is named after its choice).
@@ -62,8 +62,6 @@ def bench_fovi(
     """One row per distinct graph and channel count among ``names`` (default: all 20 layers):
     ``layers``, ``batch``, ``route``, ``dispatch`` (fovi's choice), ``ms`` (median per
     contender: ``"fovi_ref <route>"`` and fovi's), ``best fovi`` and ``fovi_ref / best fovi``."""
-    from fovi_ref import upstream
-
     device = torch.device(device)
     every = upstream.fovi_resnet18_layers(device)
     groups = shared_graph_groups(layer_names(list(names) if names else None), every)
@@ -73,11 +71,11 @@ def bench_fovi(
         size = stem_batch if members[0] == "conv1" else batch
         if on_layer is not None:
             on_layer(i, len(groups), f"{members[0]} batch {size}")
-        inputs = measure.make_inputs(rec.meta, rec.out_channels, size, dtype)
+        inputs = contenders.make_inputs(rec.meta, rec.out_channels, size, dtype)
         ours = f"fovi_ref {route(rec.meta)}"
-        contenders = upstream.fovi_contenders(inputs)
-        contenders[ours] = measure.knn_backend(inputs, route(rec.meta))
-        times = measure.time_contenders(contenders, repeats=repeats, warmup=warmup)
+        timed = upstream.fovi_contenders(inputs)
+        timed[ours] = contenders.knn_backend(inputs, route(rec.meta))
+        times = timing.time_contenders(timed, repeats=repeats, warmup=warmup)
         fovi_times = {k: v for k, v in times.items() if k != ours}
         best = min(fovi_times, key=fovi_times.get)
         auto = next(k for k in fovi_times if k.startswith("fovi auto"))
@@ -95,7 +93,7 @@ def bench_fovi(
     return rows
 
 
-def format_table(rows: Sequence[dict], target: float | None = TARGET) -> str:
+def format_table(rows: Sequence[dict], target: float | None = targets.FOVI.at_most) -> str:
     """Fixed-width table (within 100 characters): fovi_ref's median, then fovi_ref / each of
     fovi's contenders (``auto``: the dispatcher's choice), the fastest fovi contender and
     fovi_ref / it (``!``: over ``target``; ``None``: no target holds these rows)."""
@@ -122,8 +120,6 @@ def run(args) -> int:
     ``args.out``. ``args`` carries ``device``, ``dtype`` (a list of names), ``layers``,
     ``batch_general`` (the batch; the stem uses 16), ``repeats`` and ``out``. Returns the exit
     status: 0, or 2 when fovi is not installed."""
-    from fovi_ref import upstream
-
     try:
         fovi = upstream.require_fovi()
     except (upstream.FoviUnavailable, upstream.FoviVersionError) as err:
@@ -149,11 +145,14 @@ def run(args) -> int:
         print(
             "(auto: fovi's dispatcher; below 1: fovi_ref faster); best: the fastest fovi contender;"
         )
-        target = TARGET if dtype_name == "float32" else None
+        target = targets.FOVI.at_most if dtype_name == "float32" else None
         if target is None:
-            print(f"ref/best: fovi_ref / best (the target, <= {TARGET}, holds float32 only)\n")
+            limit = targets.FOVI.at_most
+            print(f"ref/best: fovi_ref / best (the target, <= {limit}, holds float32 only)\n")
         else:
-            print(f"ref/best: fovi_ref / best, target <= {TARGET}, '!' marks a miss\n")
+            print(
+                f"ref/best: fovi_ref / best, target <= {targets.FOVI.at_most}, '!' marks a miss\n"
+            )
         print(format_table(rows, target))
         if target is not None:
             misses = sum(r["fovi_ref / best fovi"] > target for r in rows)
@@ -163,6 +162,6 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"fovi": fovi.__version__, "device": str(args.device), "dtypes": list(args.dtype)}
-    record |= {"repeats": args.repeats, "target": TARGET, "rows": all_rows}
+    record |= {"repeats": args.repeats, "target": targets.FOVI.at_most, "rows": all_rows}
     (out / "bench_fovi.json").write_text(json.dumps(record, indent=1))
     return 0

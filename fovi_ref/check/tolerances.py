@@ -27,8 +27,8 @@ its product and at most ``N - 1`` in the additions above it, so it arrives as
     |s_computed - s| <= gamma_N(u) * M,        M = sum_i |t_i|   (the *magnitude*)
 
 ``M`` is the float64 oracle run on absolute values
-(:func:`~fovi_ref.reference.knn_conv_magnitude`). Under cancellation ``|s| << M``: the error may be
-large relative to the sum but never relative to its terms. That is the float32/float64 rule::
+(:func:`~fovi_ref.check.magnitude.knn_conv_magnitude`). Under cancellation ``|s| << M``: the error
+may be large relative to the sum but never relative to its terms. That is the float32/float64 rule::
 
     bound = gamma_N(u) * M + N * eta
 
@@ -59,21 +59,21 @@ kinds of error:
       ``z[b, c, v, n] = sum_{k in cell v} x[b, c, knn[k, n]]`` (fovi's one-hot einsum stores them,
       so does ``general``). A neighbour alone in its cell is copied exactly, so only the terms of
       neighbours that share their cell with another real neighbour meet this rounding:
-      ``S`` = magnitude over those terms (:func:`~fovi_ref.reference.shared_cell_meta`),
+      ``M_s`` = magnitude over those terms (:func:`~fovi_ref.check.magnitude.shared_cell_meta`),
       ``h = 1`` store;
     - ``grad_x``: ``grad_z = W^T grad_y`` per (channel, cell, node) is stored before it is scattered
       onto the inputs (by every backend here). The scatter itself may add in the storage dtype:
       CUDA's ``index_add_``/``scatter_add_`` on float16/bfloat16 add atomically, one rounding per
       collision. With ``F(i)`` real entries reading input ``i`` (its *fan-out*) a term meets at
-      most ``h = F(i)`` roundings: ``S = M``;
+      most ``h = F(i)`` roundings: ``M_s = M``;
     - ``grad_bias``: none (one reduction of ``grad_y``).
 
     A term meeting ``h`` such roundings is off by at most ``gamma_h(u) |t|``: together
-    ``gamma_h(u) * S``;
+    ``gamma_h(u) * M_s``;
 
 (d) *the bias, added after the GEMM* (``bias_rounding="separate"``). An implementation may
     store the GEMM's result and add the bias in a second pass, ``fl(fl(W x) + b)``: one more
-    store of every term but the bias (``h`` grows by one, ``S`` covers all of them).
+    store of every term but the bias (``h`` grows by one, ``M_s`` covers all of them).
     ``F.linear`` adds the bias inside its float32 GEMM for a 2-D or a contiguous 3-D input, but
     for any other input it runs ``matmul`` and then ``add_``. Every fovi_ref backend adds the bias
     inside its GEMM (``torch.addmm``; ``einsum_baseline`` hands ``F.linear`` contiguous features,
@@ -90,10 +90,10 @@ kinds of error:
 Adding (a)-(e), with the cross terms of small factors kept so the bound is rigorous::
 
     bound = u |ref| + eta (1 + P)
-            + (1 + u) [gamma_h(u) S + (1 + gamma_h(u)) gamma_N(u32) M + N eta32]
+            + (1 + u) [gamma_h(u) M_s + (1 + gamma_h(u)) gamma_N(u32) M + N eta32]
 
 **Step 3: N for each quantity**, the exact number of terms of each element
-(:func:`~fovi_ref.reference.knn_conv_term_counts`):
+(:func:`~fovi_ref.check.magnitude.knn_conv_term_counts`):
 
 ===============  ===========================================  ================================
 quantity         terms ``N`` of one element                   bound on ``N``
@@ -131,9 +131,6 @@ its channel into nan, so that backend's ``grad_weight`` fails this check where `
 rule and its worst ratio is *reported* beside the backend's, not used for pass/fail: it shows
 how much of the bound a known-correct implementation uses, but one lucky baseline cannot make the
 rule stricter, nor an unlucky one looser.
-
-(:func:`judge`, the earlier rule relative to ``max |ref|``, is kept for callers that compare two
-implementations without a magnitude; it fails correct code under cancellation.)
 """
 
 from __future__ import annotations
@@ -144,35 +141,30 @@ from typing import Literal
 
 import torch
 
-from fovi_ref.meta import KNNMeta
-from fovi_ref.reference import (
-    AllPadding,
+from fovi_ref import KNNMeta, dtype_name
+from fovi_ref.check.magnitude import (
     knn_conv_magnitude,
-    knn_conv_reference_grads,
     knn_conv_term_counts,
+    oracle_quantities,
     shared_cell_meta,
 )
+from fovi_ref.check.operands import QUANTITIES
+from fovi_ref.reference import AllPadding
 
 __all__ = [
-    "ABSOLUTE",
     "ACCUMULATION",
-    "BASELINE_FACTOR",
-    "FLOOR",
     "HALF_SUBNORMAL",
     "QUANTITIES",
     "UNIT_ROUNDOFF",
     "Expected",
-    "ScaleVerdict",
     "Verdict",
     "error_bound",
     "expected_quantities",
     "gamma",
-    "judge",
     "judge_elementwise",
     "relative_error",
 ]
 
-QUANTITIES = ("y", "grad_x", "grad_weight", "grad_bias")
 BiasRounding = Literal["separate", "fused"]
 
 UNIT_ROUNDOFF: dict[torch.dtype, float] = {
@@ -213,7 +205,7 @@ class Expected:
         value: the float64 oracle, ``ref``.
         magnitude: ``M``, the sum of the magnitudes of the terms.
         terms: ``N``, the number of terms.
-        stored: ``S``, the magnitude of the terms that pass through a stored intermediate.
+        stored: ``M_s``, the magnitude of the terms that pass through a stored intermediate.
         stores: ``h``, how many roundings in the working dtype such a term may meet.
         product_stores: ``P``, stored values that hold a product (may underflow).
     """
@@ -248,7 +240,7 @@ def expected_quantities(
     if bias_rounding not in ("separate", "fused"):
         raise ValueError(f"bias_rounding must be 'separate' or 'fused', got {bias_rounding!r}")
     batch, c_out = x.shape[0], weight.shape[0]
-    ref = knn_conv_reference_grads(x, weight, bias, meta, grad_y, all_padding=all_padding)
+    ref = oracle_quantities(x, weight, bias, meta, grad_y, all_padding=all_padding)
     mag = knn_conv_magnitude(x, weight, bias, meta, grad_y, all_padding=all_padding)
     counts = knn_conv_term_counts(
         meta, c_out, batch, bias=bias is not None, all_padding=all_padding
@@ -331,20 +323,10 @@ class Verdict:
     notes: tuple[str, ...] = ()
     ok: bool = field(default=False)
 
-    # Names of the earlier rule, so callers reading ``error / bound`` get the worst ratio.
-    @property
-    def error(self) -> float:
-        """The worst ratio (``error / bound`` in the earlier rule's terms; bound is 1)."""
-        return self.ratio
-
-    @property
-    def bound(self) -> float:
-        return 1.0
-
     def __str__(self) -> str:
         where = "" if self.worst_index is None else f" at {list(self.worst_index)}"
         text = (
-            f"{'PASS' if self.ok else 'FAIL'} {self.quantity} {str(self.dtype)[6:]}: "
+            f"{'PASS' if self.ok else 'FAIL'} {self.quantity} {dtype_name(self.dtype)}: "
             f"worst err/bound {self.ratio:.2f} ({self.worst_error:.1e} <= {self.worst_bound:.1e}"
             f"{where}), max |err| {self.max_abs_error:.1e}"
         )
@@ -392,7 +374,7 @@ def judge_elementwise(
     dtype = value.dtype if dtype is None else dtype
     notes = []
     if value.dtype != dtype:
-        notes.append(f"returned {str(value.dtype)[6:]}")
+        notes.append(f"returned {dtype_name(value.dtype)}")
     if tuple(value.shape) != tuple(expected.value.shape):
         notes.append(f"shape {tuple(value.shape)}, expected {tuple(expected.value.shape)}")
         return Verdict(
@@ -421,63 +403,9 @@ def judge_elementwise(
     )  # fmt: skip
 
 
-# ------------------------------------------------------------- the earlier rule, relative to scale
-BASELINE_FACTOR = 2.0
-FLOOR: dict[torch.dtype, float] = {
-    torch.float64: 64 * UNIT_ROUNDOFF[torch.float64],
-    torch.float32: 64 * UNIT_ROUNDOFF[torch.float32],
-    torch.float16: UNIT_ROUNDOFF[torch.float16],
-    torch.bfloat16: UNIT_ROUNDOFF[torch.bfloat16],
-}
-ABSOLUTE: dict[torch.dtype, float] = {
-    torch.float64: 1e-12,
-    torch.float32: 1e-5,
-    torch.float16: 8 * UNIT_ROUNDOFF[torch.float16],
-    torch.bfloat16: 8 * UNIT_ROUNDOFF[torch.bfloat16],
-}
-
-
+# ------------------------------------------------------------------------- a plain figure
 def relative_error(value: torch.Tensor, ref: torch.Tensor) -> float:
     """``max |value - ref| / max |ref|`` in float64 (``max |value - ref|`` if ``ref`` is all 0)."""
     diff = (value.double() - ref.double()).abs().max().item() if ref.numel() else 0.0
     scale = ref.double().abs().max().item() if ref.numel() else 0.0
     return diff / scale if scale > 0 else diff
-
-
-@dataclass(frozen=True)
-class ScaleVerdict:
-    """The outcome of :func:`judge` (the earlier rule); ``str()`` gives a one-line summary."""
-
-    dtype: torch.dtype
-    error: float
-    baseline_error: float | None
-    bound: float
-
-    @property
-    def ok(self) -> bool:
-        return self.error <= self.bound
-
-    def __str__(self) -> str:
-        base = "" if self.baseline_error is None else f" baseline {self.baseline_error:.1e}"
-        return f"{'PASS' if self.ok else 'FAIL'} err {self.error:.1e} <= {self.bound:.1e}{base}"
-
-
-def judge(
-    value: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor | None = None
-) -> ScaleVerdict:
-    """The earlier rule, relative to the result's scale: ``relative_error(value, ref)`` at most
-    ``ABSOLUTE[dtype]``, and at most ``2 * relative_error(baseline, ref) + FLOOR[dtype]`` when a
-    same-dtype ``baseline`` is given.
-
-    Kept for comparisons that have no magnitude at hand (a compiled program against the eager
-    one, say). Against the oracle use :func:`judge_elementwise`: this rule fails correct code
-    wherever the result cancels (``max |ref|`` much smaller than the terms).
-    """
-    dtype = value.dtype
-    error = relative_error(value, ref)
-    bound = ABSOLUTE[dtype]
-    baseline_error = None
-    if baseline is not None:
-        baseline_error = relative_error(baseline, ref)
-        bound = min(bound, BASELINE_FACTOR * baseline_error + FLOOR[dtype])
-    return ScaleVerdict(dtype, error, baseline_error, bound)

@@ -1,17 +1,16 @@
-"""What the two halves of the main job (``verify`` and ``bench``) share: dtypes by name, the
-res18 layers a ``--layers`` list names, and a progress line."""
+"""What the jobs of ``python -m fovi_ref`` share: the default dtypes, the res18 layers a
+``--layers`` list names, layers grouped by shared graph, and a progress line."""
 
 from __future__ import annotations
 
 import sys
 
-import torch
-
 from fovi_ref.geometry import get_layer, resnet18_layers
 
-__all__ = ["DTYPES", "layer_names", "progress", "shared_graph_groups"]
+__all__ = ["LOW_AND_SINGLE", "layer_names", "progress", "shared_graph_groups"]
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+LOW_AND_SINGLE = ("float32", "float16", "bfloat16")
+"""The dtypes (names in :data:`fovi_ref.DTYPES`) verify and bench run in unless told otherwise."""
 
 
 def progress(step: int, total: int, what: str) -> None:

@@ -2,15 +2,13 @@
 
     y[b, o, n] = bias[o] + sum_{c, k} x[b, c, knn[k, n]] * weight[o, c*V + rf_index[n, k]]
 
-An *ops object* is anything with the three functions of a backend::
-
-    forward(meta, x, weight, bias)    -> y       [B, Cout, Nout]
-    grad_input(meta, grad_y, weight)  -> grad_x  [B, Cin, Nin]
-    grad_weight(meta, grad_y, x)      -> grad_w  [Cout, Cin*V]
-
-and optionally ``supports(meta) -> bool``, ``grad_bias(meta, grad_y) -> [Cout]`` and ``name``.
-fovi_ref's own backends are ops objects (:func:`fovi_ref.get_ops`), and so are fovi's; the latter
-take their own kind of meta, which ``to_meta`` builds from a :class:`~fovi_ref.KNNMeta`.
+An *ops object* is anything that follows the backend protocol of :mod:`fovi_ref.knn_autograd`
+(checked first, :func:`fovi_ref.check.protocol.check_protocol`). fovi_ref's own backends are ops
+objects (:func:`fovi_ref.get_ops`), and so are fovi's (:class:`fovi_ref.check.fovi.FoviOps`).
+Every run goes through ``knn_conv`` (:func:`fovi_ref.check.operands.forward_and_grads`) with the
+ops object :func:`~fovi_ref.check.protocol.policed`, so a result of the wrong shape or dtype is a
+failed row naming the function that returned it. ``grad_bias`` is the op's, not the backend's,
+and is not judged here.
 
 :func:`check_ops` runs the whole battery on real fovi-resnet18 graphs and on small random graphs
 with every awkward feature (padding anywhere, all-padding rows, repeated neighbours, shared
@@ -20,7 +18,8 @@ cells, unused inputs, collisions), in every dtype, and returns an :class:`OpsRep
 check          what it asks
 =============  ========================================================================
 oracle         ``y`` and the gradients agree with the float64 oracle by the elementwise
-               rule of :mod:`fovi_ref.tolerances` (``einsum_baseline``'s ratio reported)
+               rule of :mod:`fovi_ref.check.tolerances` (``einsum_baseline``'s ratio reported);
+               for ops with the operand pair, ``grad_weight`` from ``x`` too
 cancellation   the same, with a bias that cancels ``W x`` and upstream gradients that
                cancel in pairs: the rule must hold where the results are tiny
 padding        inputs that no real neighbour reads hold inf (and the upstream gradient is
@@ -28,8 +27,8 @@ padding        inputs that no real neighbour reads hold inf (and the upstream gr
                are exactly the bias (or 0), unread inputs get exactly zero gradient
 nonfinite      an inf and a nan in inputs that are read reach exactly the elements the
                oracle says, and nothing else
-gradcheck      ``torch.autograd.gradcheck`` of an autograd.Function built from the three
-               functions (float64, small graphs)
+gradcheck      ``torch.autograd.gradcheck`` of ``knn_conv`` on the ops (float64, small
+               graphs)
 determinism    two runs of the oracle check's calls give bitwise equal results
 =============  ========================================================================
 
@@ -44,26 +43,20 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from fovi_ref.knn_autograd import get_ops
-from fovi_ref.meta import KNNMeta
+from fovi_ref import DTYPES, KNNMeta, dtype_name, get_ops, knn_conv
+from fovi_ref.check.operands import forward_and_grads, sample_operands
+from fovi_ref.check.protocol import policed
+from fovi_ref.check.tolerances import BiasRounding, Verdict, expected_quantities, judge_elementwise
 from fovi_ref.reference import AllPadding, knn_conv_reference
-from fovi_ref.tolerances import (
-    QUANTITIES,
-    BiasRounding,
-    Verdict,
-    expected_quantities,
-    judge_elementwise,
-)
 
 __all__ = [
     "CHECKS",
-    "DTYPES",
     "RES18_SUBSET",
     "OpsReport",
     "ReportRow",
@@ -72,10 +65,9 @@ __all__ = [
     "random_graphs",
     "random_meta",
     "res18_graphs",
-    "run_ops",
 ]
 
-DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+JUDGED = ("y", "grad_x", "grad_weight")  # what a backend computes (grad_bias is the op's)
 CHECKS = ("oracle", "cancellation", "padding", "nonfinite", "gradcheck", "determinism")
 # The smallest res18 layers of each kind: K=1 downsample, K=2/V=4, K=9/V=9.
 RES18_SUBSET = ("layer4.0.downsample.0", "layer4.1.conv1", "layer3.0.conv1")
@@ -180,46 +172,9 @@ def _resolve_graphs(graphs: Any, seed: int, device: torch.device) -> list[TestGr
 
 
 # ------------------------------------------------------------------------------ running ops
-def run_ops(
-    ops: Any,
-    ops_meta: Any,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    grad_y: torch.Tensor,
-) -> dict[str, torch.Tensor]:
-    """``{"y", "grad_x", "grad_weight"[, "grad_bias"]}`` from the ops' own functions (no
-    autograd); ``grad_bias`` only where the ops provide one and there is a bias."""
-    out = {
-        "y": ops.forward(ops_meta, x, weight, bias),
-        "grad_x": ops.grad_input(ops_meta, grad_y, weight),
-        "grad_weight": ops.grad_weight(ops_meta, grad_y, x),
-    }
-    if bias is not None and callable(getattr(ops, "grad_bias", None)):
-        out["grad_bias"] = ops.grad_bias(ops_meta, grad_y)
-    return out
-
-
-class _OpsFunction(torch.autograd.Function):
-    """An autograd.Function from an ops object's three functions, for gradcheck."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, ops, ops_meta):
-        ctx.save_for_backward(x, weight)
-        ctx.ops, ctx.ops_meta = ops, ops_meta
-        return ops.forward(ops_meta, x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        x, weight = ctx.saved_tensors
-        ops, meta = ctx.ops, ctx.ops_meta
-        grad_x = ops.grad_input(meta, grad_y, weight) if ctx.needs_input_grad[0] else None
-        grad_w = ops.grad_weight(meta, grad_y, x) if ctx.needs_input_grad[1] else None
-        grad_b = None
-        if ctx.needs_input_grad[2]:
-            own = getattr(ops, "grad_bias", None)
-            grad_b = own(meta, grad_y) if callable(own) else grad_y.sum(dim=(0, 2))  # [Cout]
-        return grad_x, grad_w, grad_b, None, None
+def _run(ops, meta, x, w, b, gy) -> dict[str, torch.Tensor]:
+    """``{"y", "grad_x", "grad_weight"}`` of ``ops`` through ``knn_conv``."""
+    return dict(zip(JUDGED, forward_and_grads(x, w, b, meta, gy, ops), strict=False))
 
 
 # ------------------------------------------------------------------------------------ report
@@ -289,14 +244,14 @@ def _row(graph: str, dtype: torch.dtype, check: str, verdict: Verdict, note: str
     if verdict.nonfinite_mismatches:
         notes = "; ".join([f"{verdict.nonfinite_mismatches} non-finite mismatches", notes])
     return ReportRow(
-        graph, str(dtype)[6:], check, verdict.quantity, verdict.ok, verdict.ratio,
+        graph, dtype_name(dtype), check, verdict.quantity, verdict.ok, verdict.ratio,
         verdict.max_abs_error, verdict.baseline_ratio, notes.strip("; "),
     )  # fmt: skip
 
 
 def _error_row(graph: str, dtype: torch.dtype, check: str, quantity: str, err: Exception):
     text = f"{type(err).__name__}: {err}".splitlines()[0][:160]
-    return ReportRow(graph, str(dtype)[6:], check, quantity, False, note=f"raised {text}")
+    return ReportRow(graph, dtype_name(dtype), check, quantity, False, note=f"raised {text}")
 
 
 # ----------------------------------------------------------------------------- the battery
@@ -305,7 +260,6 @@ class _Case:
     """Everything one (graph, dtype) needs."""
 
     graph: TestGraph
-    ops_meta: Any
     dtype: torch.dtype
     device: torch.device
     seed: int
@@ -315,15 +269,11 @@ class _Case:
 
 
 def _operands(case: _Case) -> list[torch.Tensor]:
-    """``[x, weight, bias, grad_y]`` drawn in float64 and rounded to the dtype."""
-    meta, c_out = case.graph.meta, case.graph.out_channels
-    g = torch.Generator().manual_seed(case.seed)
-    x = torch.randn(case.batch, meta.in_channels, meta.n_in, generator=g, dtype=torch.float64)
-    w = torch.randn(c_out, meta.in_channels * meta.v, generator=g, dtype=torch.float64)
-    w = w / (meta.in_channels * meta.k) ** 0.5
-    b = torch.randn(c_out, generator=g, dtype=torch.float64)
-    gy = torch.randn(case.batch, c_out, meta.n_out, generator=g, dtype=torch.float64)
-    return [t.to(device=case.device, dtype=case.dtype) for t in (x, w, b, gy)]
+    """``[x, weight, bias, grad_y]`` of :func:`~fovi_ref.check.operands.sample_operands`."""
+    meta = case.graph.meta
+    operands = sample_operands(meta, case.graph.out_channels, batch=case.batch, seed=case.seed,
+                               dtype=case.dtype, device=case.device)  # fmt: skip
+    return list(operands)
 
 
 def _cancelling(case: _Case, x, w, b, gy) -> list[torch.Tensor]:
@@ -346,11 +296,7 @@ def _cancelling(case: _Case, x, w, b, gy) -> list[torch.Tensor]:
 
 def _judge_all(case, check, got, expected, baseline, note="") -> list[ReportRow]:
     rows = []
-    for quantity in QUANTITIES:
-        if quantity not in expected:
-            continue
-        if quantity not in got:  # the ops provide no grad_bias: nothing to judge
-            continue
+    for quantity in JUDGED:
         verdict = judge_elementwise(
             got[quantity], expected[quantity], dtype=case.dtype, baseline=baseline.get(quantity)
         )
@@ -359,29 +305,40 @@ def _judge_all(case, check, got, expected, baseline, note="") -> list[ReportRow]
 
 
 def _baseline(case: _Case, operands, exclude: str | None) -> dict[str, torch.Tensor]:
-    """``einsum_baseline`` on the same operands (its grad_bias: grad_y summed), unless it is
-    the ops under test."""
+    """``einsum_baseline`` on the same operands, unless it is the ops under test."""
     if exclude == BASELINE:
         return {}
-    ops = get_ops(BASELINE)
-    x, w, b, gy = operands
-    got = run_ops(ops, case.graph.meta, x, w, b, gy)
-    got["grad_bias"] = gy.sum(dim=(0, 2))
-    return got
+    return _run(BASELINE, case.graph.meta, *operands)
 
 
 def _check_oracle(ops, case, operands, check, *, name=None):
     """The oracle (or cancellation) check; returns ``(rows, results)``."""
     x, w, b, gy = operands
     try:
-        got = run_ops(ops, case.ops_meta, x, w, b, gy)
+        got = _run(ops, case.graph.meta, x, w, b, gy)
     except Exception as err:  # a conformance check reports; it does not crash
         return [_error_row(case.graph.name, case.dtype, check, "all", err)], None
     expected = expected_quantities(
         x, w, b, case.graph.meta, gy,
         all_padding=case.all_padding, bias_rounding=case.bias_rounding,
     )  # fmt: skip
-    return _judge_all(case, check, got, expected, _baseline(case, operands, name)), got
+    rows = _judge_all(case, check, got, expected, _baseline(case, operands, name))
+    return rows + _grad_weight_from_x(ops, case, operands, check, expected), got
+
+
+def _grad_weight_from_x(ops, case, operands, check, expected) -> list[ReportRow]:
+    """Where the ops keep an operand for the weight gradient (the eager door's path, which
+    :func:`_run` takes), ``grad_weight(meta, grad_y, x)`` (the compiled door's) judged too."""
+    if not hasattr(ops, "grad_weight_of_operand"):
+        return []
+    x, _, _, gy = operands
+    try:
+        lay_out = getattr(ops, "grad_y_layout", None)
+        got = ops.grad_weight(case.graph.meta, gy if lay_out is None else lay_out(gy), x)
+    except Exception as err:
+        return [_error_row(case.graph.name, case.dtype, check, "grad_weight", err)]
+    verdict = judge_elementwise(got, expected["grad_weight"], dtype=case.dtype)
+    return [_row(case.graph.name, case.dtype, check, verdict, "from x (the compiled door)")]
 
 
 def _unread_inputs(meta: KNNMeta) -> torch.Tensor:
@@ -397,21 +354,19 @@ def _check_padding(ops, case, operands) -> list[ReportRow]:
     unread = _unread_inputs(meta)  # [Nin]
     empty = meta.pad_mask.all(dim=0)  # [Nout] all-padding nodes
     if not (bool(unread.any()) or bool(empty.any())):
-        return [ReportRow(name, str(dtype)[6:], "padding", "all", True, note="nothing to test")]
+        return [ReportRow(name, dtype_name(dtype), "padding", "all", True, note="nothing to test")]
     x, w, b, gy = (t.clone() for t in operands)
     x[:, :, unread] = math.inf
     gy[:, :, empty] = 1000.0
     try:
-        got = run_ops(ops, case.ops_meta, x, w, b, gy)
+        got = _run(ops, case.graph.meta, x, w, b, gy)
     except Exception as err:
         return [_error_row(name, dtype, "padding", "all", err)]
     expected = expected_quantities(
         x, w, b, meta, gy, all_padding=case.all_padding, bias_rounding=case.bias_rounding
     )
     rows = []
-    for quantity in QUANTITIES:
-        if quantity not in got or quantity not in expected:
-            continue
+    for quantity in JUDGED:
         verdict = judge_elementwise(got[quantity], expected[quantity], dtype=dtype)
         note, ok = "", True
         if quantity == "y" and bool(empty.any()):
@@ -433,12 +388,14 @@ def _check_nonfinite(ops, case, operands) -> list[ReportRow]:
     meta, name, dtype = case.graph.meta, case.graph.name, case.dtype
     read = (~_unread_inputs(meta)).nonzero().flatten()
     if case.batch == 0 or read.numel() == 0:
-        return [ReportRow(name, str(dtype)[6:], "nonfinite", "all", True, note="nothing to test")]
+        return [
+            ReportRow(name, dtype_name(dtype), "nonfinite", "all", True, note="nothing to test")
+        ]
     x, w, b, gy = (t.clone() for t in operands)
     x[0, 0, int(read[0])] = math.inf
     x[0, -1, int(read[-1])] = math.nan
     try:
-        got = run_ops(ops, case.ops_meta, x, w, b, gy)
+        got = _run(ops, case.graph.meta, x, w, b, gy)
     except Exception as err:
         return [_error_row(name, dtype, "nonfinite", "all", err)]
     expected = expected_quantities(
@@ -458,7 +415,7 @@ def _check_gradcheck(ops, case) -> list[ReportRow]:
     )
 
     def fn(x, w, b):
-        return _OpsFunction.apply(x, w, b, ops, case.ops_meta)
+        return knn_conv(x, w, b, meta, backend=ops)
 
     try:
         ok = torch.autograd.gradcheck(fn, (x, w, b), raise_exception=False)
@@ -471,20 +428,19 @@ def _check_gradcheck(ops, case) -> list[ReportRow]:
 def _check_determinism(ops, case, operands, first) -> list[ReportRow]:
     name, dtype = case.graph.name, case.dtype
     try:
-        again = run_ops(ops, case.ops_meta, *operands)
+        again = _run(ops, case.graph.meta, *operands)
     except Exception as err:
         return [_error_row(name, dtype, "determinism", "all", err)]
     differ = [q for q in first if not torch.equal(first[q], again[q])]
     note = "" if not differ else "differs between runs: " + ", ".join(differ)
-    return [ReportRow(name, str(dtype)[6:], "determinism", "all", not differ, note=note)]
+    return [ReportRow(name, dtype_name(dtype), "determinism", "all", not differ, note=note)]
 
 
 def check_ops(
     ops: Any,
     *,
-    to_meta: Callable[[KNNMeta], Any] | None = None,
     graphs: Iterable[Any] | None = None,
-    dtypes: Sequence[torch.dtype] = DTYPES,
+    dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
     device: torch.device | str = "cpu",
     all_padding: AllPadding = "bias",
     bias_rounding: BiasRounding = "fused",
@@ -497,7 +453,6 @@ def check_ops(
 
     Args:
         ops: an ops object (see the module docstring), or a registered backend's name.
-        to_meta: builds the meta the ops expect from a :class:`KNNMeta` (default: the KNNMeta).
         graphs: what to check on; each item is ``"random"`` (:func:`random_graphs`),
             ``"res18_subset"`` (:data:`RES18_SUBSET`), ``"res18"`` (all 20 layers), a res18
             layer name, or an object with ``.name``, ``.meta`` and ``.out_channels`` (a
@@ -507,17 +462,16 @@ def check_ops(
         all_padding: the oracle's reading of all-padding nodes: ``"bias"`` (the formula) or
             ``"zero"`` (fovi 2.4.0's layer); see :mod:`fovi_ref.reference`.
         bias_rounding: ``"separate"`` allows ``W x`` to be rounded before the bias is added,
-            ``"fused"`` demands one rounding (:mod:`fovi_ref.tolerances`, step 2 (d)).
+            ``"fused"`` demands one rounding (:mod:`fovi_ref.check.tolerances`, step 2 (d)).
         batch: batch size of the operands. seed: seeds the operands and the random graphs.
         checks: a subset of :data:`CHECKS`.
         gradcheck_max_inputs: gradcheck only graphs whose ``x``, weight and bias hold at most
             this many numbers (it costs two forwards per number).
 
-    A graph whose ``supports(to_meta(meta))`` is False is listed as skipped. An exception from
+    A graph whose ``supports(meta)`` is False is listed as skipped. An exception from
     the ops is a failed row, not a crash.
     """
-    if isinstance(ops, str):
-        ops = get_ops(ops)
+    ops = policed(get_ops(ops) if isinstance(ops, str) else ops)
     unknown = set(checks) - set(CHECKS)
     if unknown:
         raise ValueError(f"unknown checks {sorted(unknown)}; choose from {CHECKS}")
@@ -526,15 +480,14 @@ def check_ops(
     report = OpsReport(name)
     supports = getattr(ops, "supports", None)
     for index, graph in enumerate(_resolve_graphs(graphs, seed, device)):
-        ops_meta = graph.meta if to_meta is None else to_meta(graph.meta)
-        if supports is not None and not supports(ops_meta):
+        if supports is not None and not supports(graph.meta):
             m = graph.meta
             note = f"skipped: not supported (K={m.k}, V={m.v})"
             report.rows.append(ReportRow(graph.name, "-", "supports", "-", True, note=note))
             continue
         for dtype in dtypes:
             case = _Case(
-                graph, ops_meta, dtype, device, seed + 1000 * index, batch, all_padding,
+                graph, dtype, device, seed + 1000 * index, batch, all_padding,
                 bias_rounding,
             )  # fmt: skip
             operands = _operands(case)
@@ -553,6 +506,6 @@ def check_ops(
                 report.rows += _check_determinism(ops, case, operands, first)
         size = graph.meta.in_channels * (2 * graph.meta.n_in + graph.out_channels * graph.meta.v)
         if "gradcheck" in checks and torch.float64 in dtypes and size <= gradcheck_max_inputs:
-            case = _Case(graph, ops_meta, torch.float64, device, seed, 2, all_padding, "fused")
+            case = _Case(graph, torch.float64, device, seed, 2, all_padding, "fused")
             report.rows += _check_gradcheck(ops, case)
     return report

@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+
+from fovi_ref import knn_gather_gemm
 
 __all__ = [
     "MIN_BAND",
@@ -39,6 +42,7 @@ __all__ = [
     "derive_budget",
     "disagreements",
     "fastest_times",
+    "forced_grad_input_path",
     "from_record",
     "noise_band",
     "running_median",
@@ -80,7 +84,7 @@ def fastest_times(
     The fastest call, not the median: on a machine shared with other work, noise only ever adds
     time (a descheduled thread, another process's cache traffic), often for seconds at a stretch,
     so the median of a size can be all noise while the fastest of many calls is still the
-    uncontended cost. (:func:`fovi_ref.bench.time_contenders` reports medians, which suit the
+    uncontended cost. (:func:`fovi_ref.check.bench.time_contenders` reports medians, which suit the
     larger, steadier contenders of the bench.)
     """
     names = list(contenders)
@@ -184,3 +188,23 @@ def from_record(record: dict) -> tuple[list[PathTimes], dict[str, PathTimes]]:
 
     sweep = [point(r) for r in record["sweep"]]
     return sweep, {name: point(r) for name, r in record["layers"].items()}
+
+
+@contextmanager
+def forced_grad_input_path(path: str, device_type: str = "cpu") -> Iterator[None]:
+    """Within the block, ``gather_gemm``'s ``grad_input`` on ``device_type`` takes ``path``
+    ("dense" S GEMM or "index" scatter) wherever an ``S`` exists; the budget is restored on exit.
+    A measuring and testing knob: it edits the op's ``DENSE_S_BUDGET``, so not for threads."""
+    if path not in ("dense", "index"):
+        raise ValueError(f"path must be 'dense' or 'index', got {path!r}")
+    saved = knn_gather_gemm.DENSE_S_BUDGET.get(device_type)
+    knn_gather_gemm.DENSE_S_BUDGET[device_type] = (
+        knn_gather_gemm.S_MAX_ELEMENTS if path == "dense" else -1
+    )
+    try:
+        yield
+    finally:
+        if saved is None:
+            del knn_gather_gemm.DENSE_S_BUDGET[device_type]
+        else:
+            knn_gather_gemm.DENSE_S_BUDGET[device_type] = saved

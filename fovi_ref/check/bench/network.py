@@ -1,23 +1,26 @@
 """The whole-network figure: ``python -m fovi_ref bench --network resnet18``.
 
 Forward + backward (every parameter's gradient) of the fovi-resnet18 trunk
-(:class:`fovi_ref.network.ResNet18Trunk`: 20 KNN convs with BatchNorm, ReLU, the max pool and the
-residual adds, as fovi wires them), with every convolution routed by the dispatcher, against the
-same trunk with every convolution on ``einsum_baseline`` (fovi's arithmetic). Both start from one
+(:class:`fovi_ref.check.network.ResNet18Trunk`: 20 KNN convs with BatchNorm, ReLU, the max
+pool and the residual adds, as fovi wires them), with every convolution routed by the
+dispatcher, against the same trunk with every convolution on ``einsum_baseline`` (fovi's
+arithmetic). Both start from one
 state dict and see one input; time is the median of interleaved rounds, memory the peak bytes
-allocated during one step. Targets (time, routed / einsum): :data:`TARGETS`.
+allocated during one step. Targets (time, routed / einsum):
+:data:`fovi_ref.check.bench.targets.NETWORK`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fovi_ref.bench.measure import Contender, peak_memory_bytes, time_contenders
-from fovi_ref.network import ResNet18Trunk
+from fovi_ref import dtype_name
+from fovi_ref.check.bench import targets
+from fovi_ref.check.bench.contenders import Contender
+from fovi_ref.check.bench.timing import peak_memory_bytes, time_contenders
+from fovi_ref.check.network import ResNet18Trunk
 
-__all__ = ["TARGETS", "network_rows", "run", "trunk_step"]
-
-TARGETS = {16: 0.5, 64: 0.4}
+__all__ = ["network_rows", "run", "trunk_step"]
 """Routed / all-einsum step time the trunk should reach in float32, per batch size."""
 
 
@@ -42,6 +45,7 @@ def network_rows(
     n_in = routed.conv1.meta.n_in
     rows = []
     for batch in batches:
+        held = targets.NETWORK.get(batch)
         x = torch.randn(batch, 3, n_in, device=device, dtype=dtype)
         steps = {"routed": trunk_step(routed, x), "einsum": trunk_step(einsum, x)}
         times = time_contenders(steps, repeats=repeats, warmup=1)
@@ -53,7 +57,7 @@ def network_rows(
                 "MiB": {k: v / 2**20 for k, v in memory.items()},
                 "time ratio": times["routed"] / times["einsum"],
                 "memory ratio": memory["routed"] / memory["einsum"],
-                "target": TARGETS.get(batch) if dtype == torch.float32 else None,
+                "target": held.at_most if held and dtype == torch.float32 else None,
             }
         )
     return rows
@@ -62,7 +66,7 @@ def network_rows(
 def run(batches=(16, 64), repeats: int = 5, device: str = "cpu", dtype=torch.float32) -> list:
     """Print the table of :func:`network_rows` and return its rows."""
     rows = network_rows(batches, repeats, device, dtype)
-    print(f"fovi-resnet18 trunk, forward + backward, {device} {str(dtype)[6:]}: routed / einsum")
+    print(f"fovi-resnet18 trunk, forward + backward, {device} {dtype_name(dtype)}: routed / einsum")
     print(
         f"{'batch':>6}{'routed ms':>11}{'einsum ms':>11}{'time':>7}{'target':>8}{'memory':>8}"
         f"{'verdict':>9}"

@@ -1,0 +1,74 @@
+"""Every target of the bench, as data: which ratio, at most how much, and which rows it holds.
+
+A ratio is measured side by side (time or memory of one contender / another's, interleaved in one
+process); a target holds float32 rows only (float16/bfloat16 rows are reported beside them).
+``floor`` is the GEMM floor / fovi's einsum: the best any implementation that runs the layer's
+three GEMMs can reach. Where it is above 0.5, ``general`` is held to that floor instead of to
+the einsum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["ALL", "BOUNDARY", "FOVI", "LAYERS", "NETWORK", "SCALE", "SCALING", "Target", "holding"]
+
+
+def _k1(row: dict) -> bool:
+    return "gather_gemm / einsum (fovi)" in row  # a K = 1 row (gather_gemm's table)
+
+
+def _floor(row: dict) -> float:
+    return row["gemm floor / einsum time"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """``ratio <= at_most`` on the rows ``holds(row)`` selects; ``where`` says which, in words."""
+
+    ratio: str
+    at_most: float
+    where: str = ""
+    holds: Callable[[dict], bool] = field(default=lambda row: True, repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        """``ratio`` and ``where``, as tables, ``bench.json`` and the README name the target."""
+        return f"{self.ratio}, {self.where}" if self.where else self.ratio
+
+
+LAYERS = (
+    Target("gather_gemm / einsum (fovi)", 0.8, holds=_k1),
+    Target("gather_gemm / conv2d floor", 1.0, holds=_k1),
+    Target("gather_gemm / gemm floor", 2.0, "batch < 256", lambda r: _k1(r) and r["batch"] < 256),
+    Target("gather_gemm / gemm floor", 1.6, "batch >= 256", lambda r: _k1(r) and r["batch"] >= 256),
+    Target("general / einsum time", 0.7, "floor <= 0.5", lambda r: not _k1(r) and _floor(r) <= 0.5),
+    Target("general / gemm floor", 1.3, "floor > 0.5", lambda r: not _k1(r) and _floor(r) > 0.5),
+    Target("general / einsum peak memory", 1.0, holds=lambda r: not _k1(r)),
+)
+"""``python -m fovi_ref bench``: the res18 layers (:mod:`fovi_ref.check.bench.layers`)."""
+
+BOUNDARY = Target("knn_conv / plain torch", 1.5, "K = 1 tiny graph")
+"""``bench --boundary``: forward + backward through knn_conv / the same arithmetic in torch."""
+SCALE = Target("100 distinct graphs / one shared graph", 1.2, "step time")
+"""``bench --boundary``: a stack of 100 layers on distinct graphs / on one shared graph."""
+NETWORK = {
+    batch: Target("routed / all-einsum trunk", at_most, f"batch {batch}")
+    for batch, at_most in ((16, 0.5), (64, 0.4))
+}
+"""``bench --network resnet18``: the whole trunk's step time, per batch."""
+SCALING = Target("routed / fovi einsum", 1.0, "every graph, batch 1 to 16")
+"""``bench --batch-scaling``."""
+FOVI = Target("fovi_ref / fastest fovi 2.4.0 backend", 0.8, "every layer")
+"""``bench --fovi``: fovi_ref's routed backend / the fastest fovi contender."""
+
+ALL = (*LAYERS, BOUNDARY, SCALE, *NETWORK.values(), SCALING, FOVI)
+"""Every target, in the order the README's table lists them."""
+
+
+def holding(row: dict) -> list[Target]:
+    """The :data:`LAYERS` targets that hold ``row`` (none for a 16-bit row)."""
+    if row["dtype"] != "float32":
+        return []
+    return [t for t in LAYERS if t.holds(row)]

@@ -1,0 +1,266 @@
+"""``python -m fovi_ref``: verify every backend on every fovi-resnet18 layer, then measure them.
+
+    python -m fovi_ref                 # verify, then a short bench
+    python -m fovi_ref verify [--device cuda] [--layers res18_ds2 layer1.0.conv1 ...]
+    python -m fovi_ref verify --fovi   # fovi 2.4.0's own backends, judged by the same rule
+    python -m fovi_ref bench  [--device cuda] [--dtype bfloat16] [--batch 64 256] [--repeats 15]
+
+``verify`` exits non-zero if any check fails. Results go to ``results/`` (git-ignored):
+``verify.json``, ``bench.json``, ``bench.csv`` and ``bench.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from fovi_ref import DTYPES
+from fovi_ref.check import verify
+from fovi_ref.check.bench import boundary, fovi, layers, network, scaling, targets
+from fovi_ref.check.fovi import verify as fovi_verify
+from fovi_ref.check.jobs import LOW_AND_SINGLE
+
+
+# -------------------------------------------------------------------------------------- CLI
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows every option's default (lists space-separated, as typed; none for flags and for
+    options whose help says what their absence means), and keeps the line breaks of
+    descriptions and epilogs."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or default is None
+            or default is False
+            or default == argparse.SUPPRESS
+        ):
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, list) else default
+        return f"{text} (default: {shown})"
+
+
+DESCRIPTION = """\
+Verify every backend of the KNN convolution on every fovi-resnet18 layer against a float64
+oracle, then measure them.
+
+Without a subcommand: verify (all layers, float32/float16/bfloat16, batch 4), and if every
+check passes, a short bench (float32, batch 64, 5 rounds). Results go to the --out folder."""
+
+VERIFY_DESCRIPTION = """\
+Run forward and the gradients of x, weight and bias through every backend that accepts each
+layer's graph, in each dtype, and compare them with the float64 oracle run on the same rounded
+inputs (fovi_ref.reference), element by element: |value - ref| <= bound, the bound of the
+error analysis of a sum of products (fovi_ref/check/tolerances.py), which holds under cancellation.
+
+Table: one row per layer and backend; per dtype a cell "PASS 0.35" gives the verdict of the
+worst of the four quantities and its worst element's error as a fraction of its bound (at most
+1 passes).
+Writes OUT/verify.json. Exits 1 if any check fails, else 0.
+
+With --fovi: the same for fovi 2.4.0, the release users install from PyPI: every fovi backend
+that runs here, through fovi's own fovi-resnet18 layers (its dispatcher, its all-padding mask),
+in float64 too, with fovi's dispatcher choice beside fovi_ref's route. A FAIL is a finding
+about fovi; the lines under the table say which side is wrong and why. Writes
+OUT/verify_fovi.json; exits 1 on a FAIL, 2 if fovi is not installed."""
+
+
+def _bench_epilog() -> str:
+    lines = ["targets (float32 ratios, measured side by side; a '!' in the tables marks a miss;",
+             "'floor' = the GEMM floor / fovi's einsum):"]  # fmt: skip
+    lines += [f"  {t.name:<40} <= {t.at_most}" for t in targets.LAYERS]
+    lines += ["with --network resnet18:"]
+    lines += [f"  {t.name:<40} <= {t.at_most}" for t in targets.NETWORK.values()]
+    modes = (("--boundary", (targets.BOUNDARY, targets.SCALE)), ("--fovi", (targets.FOVI,)),
+             ("--batch-scaling", (targets.SCALING,)))  # fmt: skip
+    for flag, held in modes:
+        lines += [f"with {flag}:", *(f"  {t.name:<40} <= {t.at_most}" for t in held)]
+    lines += ["Definitions: fovi_ref/check/bench/targets.py."]
+    return "\n".join(lines)
+
+
+BENCH_DESCRIPTION = """\
+Time forward + backward (gradients of x, weight, bias) of each contender, interleaved in rounds
+in one process, and report ratios (they hold on a noisy machine where absolute times do not).
+K = 1 layers (res18_ds2/3/4): gather_gemm against fovi's einsum, general, the Conv2d floor
+(F.conv2d 1x1 stride 2 with as many outputs) and the GEMM floor (the layer's three GEMMs plus
+zero-filling grad_x). K > 1 layers: general against fovi's einsum, time and peak memory.
+Writes OUT/bench.json, bench.csv and bench.png."""
+
+
+# The jobs, and the options each one honours; an option given to a job that does not honour it
+# is an error, not silently ignored. Defaults are filled in after that check.
+DEFAULTS = {"out": "results", "device": "cpu", "dtypes": None, "dtype": list(LOW_AND_SINGLE),
+            "batch": None, "batch_general": 64, "repeats": 15, "layers": None}  # fmt: skip
+JOBS = {
+    ("verify", "oracle"): ("out", "device", "dtypes", "batch", "layers"),
+    ("verify", "fovi"): ("out", "device", "dtypes", "batch", "layers"),
+    ("bench", "layers"): ("out", "device", "dtype", "batch", "batch_general", "repeats", "layers"),
+    ("bench", "boundary"): (),
+    ("bench", "fovi"): ("out", "device", "dtype", "batch_general", "repeats", "layers"),
+    ("bench", "batch_scaling"): ("device", "dtype", "repeats", "layers"),
+    ("bench", "network"): ("device", "dtype", "repeats"),
+}
+BENCH_MODES = ("boundary", "fovi", "batch_scaling", "network")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m fovi_ref", description=DESCRIPTION, formatter_class=_HelpFormatter
+    )
+    p.add_argument("--out", help="folder the result files are written to (default: results)")
+    p.add_argument("--device", help="torch device to run on: cpu or cuda (default: cpu)")
+    sub = p.add_subparsers(dest="command", title="subcommands", metavar="{verify,bench}")
+    v = sub.add_parser(
+        "verify",
+        help="every backend on every layer vs the float64 oracle",
+        description=VERIFY_DESCRIPTION,
+        formatter_class=_HelpFormatter,
+    )
+    v.add_argument(
+        "--dtypes",
+        nargs="+",
+        choices=list(DTYPES),
+        help="dtypes to check in; if omitted: float32 float16 bfloat16, and float64 too with "
+        "--fovi",
+    )
+    v.add_argument("--batch", type=int, help="batch size of the random inputs (default: 4)")
+    v.add_argument(
+        "--fovi",
+        action="store_true",
+        help="instead: fovi 2.4.0's own backends through fovi's own layers, judged by the same "
+        "rule (needs: pip install --no-deps -r scripts/fovi-requirements.txt; exits 2 without "
+        "it); writes OUT/verify_fovi.json",
+    )
+    v.add_argument(
+        "--layers",
+        nargs="+",
+        help="module paths (layer2.0.conv1) or res18_ds2/3/4 aliases; all 20 layers if omitted",
+    )
+    b = sub.add_parser(
+        "bench",
+        help="forward+backward timings and memory, side by side",
+        description=BENCH_DESCRIPTION,
+        epilog=_bench_epilog(),
+        formatter_class=_HelpFormatter,
+    )
+    b.add_argument(
+        "--dtype",
+        nargs="+",
+        choices=list(DTYPES),
+        help="dtypes of the inputs, one set of rows each (targets hold float32) "
+        f"(default: {' '.join(LOW_AND_SINGLE)})",
+    )
+    b.add_argument(
+        "--batch", type=int, nargs="+", help="batch sizes for the K = 1 layers (default: 64 256)"
+    )
+    b.add_argument(
+        "--batch-general",
+        type=int,
+        help="batch for the K > 1 layers (the stem, conv1, always uses 16) (default: 64)",
+    )
+    b.add_argument(
+        "--repeats", type=int, help="timed rounds per layer (the median is kept) (default: 15)"
+    )
+    b.add_argument(
+        "--layers",
+        nargs="+",
+        help="module paths (layer2.0.conv1) or res18_ds2/3/4 aliases; all 20 layers if omitted",
+    )
+    b.add_argument(
+        "--boundary",
+        action="store_true",
+        help="instead of the layers: the op boundary's fixed cost on tiny graphs, and 100 "
+        "distinct graphs against one shared graph (eager, compiled, exported); takes no other "
+        "option",
+    )
+    b.add_argument(
+        "--fovi",
+        action="store_true",
+        help="instead: fovi 2.4.0's own backends (its dispatcher's choice and each training "
+        "backend) beside fovi_ref's routed one on every layer at --batch-general (stem 16); "
+        f"target fovi_ref / best fovi <= {targets.FOVI.at_most}; writes OUT/bench_fovi.json",
+    )
+    b.add_argument(
+        "--batch-scaling",
+        action="store_true",
+        help="instead: every distinct res18 graph at batch 1, 2, 4, 8 and 16, routed backend "
+        "against fovi's einsum (ms per sample and ratio)",
+    )
+    b.add_argument(
+        "--network",
+        choices=["resnet18"],
+        help="instead: the whole fovi-resnet18 trunk, routed backends against every conv on "
+        "einsum_baseline, at batch 16 and 64 (time and peak memory)",
+    )
+    for sp in (v, b):
+        sp.add_argument(
+            "--out", default=argparse.SUPPRESS, help="as the top-level --out (default: results)"
+        )
+        sp.add_argument(
+            "--device", default=argparse.SUPPRESS, help="as the top-level --device (default: cpu)"
+        )
+    return p
+
+
+def _job(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, str]:
+    """The job ``args`` ask for, after refusing options that job does not honour."""
+    if args.command == "verify":
+        job = ("verify", "fovi" if args.fovi else "oracle")
+    else:
+        modes = [m for m in BENCH_MODES if getattr(args, m)]
+        if len(modes) > 1:
+            p.error("bench takes one of --boundary, --fovi, --batch-scaling, --network")
+        job = ("bench", modes[0] if modes else "layers")
+    given = [k for k in DEFAULTS if getattr(args, k, None) is not None]
+    unused = [f"--{k.replace('_', '-')}" for k in given if k not in JOBS[job]]
+    if unused:
+        flag = "" if job[1] in ("oracle", "layers") else f" --{job[1].replace('_', '-')}"
+        p.error(f"{job[0]}{flag} does not use {', '.join(unused)}")
+    return job
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.command is None:  # the bare command: verify, then a short bench if it passed
+        args.command, args.fovi = "verify", False
+        if not verify.run(_filled(args, ("verify", "oracle"))):
+            return 1
+        short = argparse.Namespace(**vars(args), dtype=["float32"], batch=[64], repeats=5)
+        layers.run(_filled(short, ("bench", "layers")))
+        return 0
+    job = _job(p, args)
+    args = _filled(args, job)
+    if job == ("verify", "oracle"):
+        return 0 if verify.run(args) else 1
+    if job == ("verify", "fovi"):
+        return fovi_verify.run_fovi(args)
+    if job == ("bench", "boundary"):
+        boundary.run()
+    elif job == ("bench", "fovi"):
+        return fovi.run(args)
+    elif job == ("bench", "batch_scaling"):
+        for dtype in args.dtype:
+            scaling.run(args.layers, repeats=args.repeats, device=args.device, dtype=DTYPES[dtype])
+    elif job == ("bench", "network"):
+        for dtype in args.dtype:
+            network.run(device=args.device, dtype=DTYPES[dtype], repeats=args.repeats)
+    else:
+        layers.run(args)
+    return 0
+
+
+def _filled(args: argparse.Namespace, job: tuple[str, str]) -> argparse.Namespace:
+    """``args`` with every option the job honours set (the job's defaults where not given)."""
+    filled = dict(vars(args))
+    for key, default in DEFAULTS.items():
+        if filled.get(key) is None:
+            filled[key] = default
+    if job[0] == "verify":
+        filled["batch"] = filled["batch"] or 4
+        if filled["dtypes"] is None:
+            filled["dtypes"] = (["float64"] if job[1] == "fovi" else []) + list(LOW_AND_SINGLE)
+    else:
+        filled["batch"] = filled["batch"] or [64, 256]
+    return argparse.Namespace(**filled)

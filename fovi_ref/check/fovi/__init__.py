@@ -1,0 +1,169 @@
+"""fovi 2.4.0, the release users install, run through its own code and judged by fovi_ref.
+
+fovi computes the same operator as fovi_ref::
+
+    y[b, o, n] = bias[o] + sum_{c, k} x[b, c, knn[k, n]] * weight[o, c*V + rf_index[n, k]]
+
+in a ``KNNConvLayer`` whose ``forward`` asks a dispatcher (``select_backend`` in
+``fovi/arch/knn_optimization.py``) for one of nine backends. This module runs fovi's code
+unchanged, at three depths:
+
+- ``"layer"``: ``KNNConvLayer.forward``, what a user's model runs: dispatcher, backend and the
+  all-padding mask. The backend is forced through fovi's own override, the environment variable
+  ``FOVI_KNN_BACKEND`` (:func:`fovi_backend`), which beats every layer's ``kernel_backend``.
+  ``baseline`` (gather + one-hot einsum + ``F.linear``, autograd backward) and ``torch_scatter``
+  exist only at this depth.
+- ``"function"``: fovi's ``KNNConvFunction`` (its ``torch.autograd.Function``) on a registry
+  backend (``torch_compact``, ``gather_gemm``, and on CUDA ``cuda``, ``warp_train``), with its
+  dtype policy: gradients cast back to the operands' dtypes, ``grad_bias`` summed in float32.
+- ``"direct"``: the registry object's ``forward`` / ``grad_input`` / ``grad_weight`` called on
+  fovi's ``TrainingMeta`` (:func:`to_fovi_meta`), exactly as ``KNNConvFunction`` calls them.
+
+:class:`FoviOps` wraps any of them in fovi_ref's ops protocol (functions of a :class:`KNNMeta`),
+so :func:`fovi_ref.check.check_ops.check_ops` can judge fovi like any fovi_ref backend
+(:func:`check_fovi_ops`); :func:`verify_fovi` judges the layer path on fovi's own fovi-resnet18
+layers by the elementwise rule (:mod:`fovi_ref.check.tolerances`), against the float64 oracle.
+
+Where fovi 2.4.0 differs from the formula or from itself (each one tested in
+``tests/test_fovi_upstream.py``):
+
+1. **All-padding outputs are zeroed.** ``KNNConvLayer.forward`` sets to 0 every output node whose
+   neighbours are all padding, where the formula gives ``bias[o]``; such nodes pass no gradient
+   to the bias. Only the layer does it: fovi's ops (direct or through ``KNNConvFunction``) follow
+   the formula. No fovi-resnet18 graph has such a node, and fovi's layers have no bias by default.
+2. **Float32 gradients under float64.** ``torch_compact`` accumulates ``grad_input`` and
+   ``grad_weight`` in float32 buffers; ``gather_gemm``'s ``grad_weight`` returns float32 whatever
+   the dtype; ``KNNConvFunction`` sums ``grad_bias`` in float32. In float64 those gradients carry
+   float32 rounding (relative errors near 1e-7 instead of 1e-16).
+3. **A stale inference cache.** The inference backend ``torch_cached`` (and ``warp_cached`` on a
+   GPU) caches the node-expanded weight keyed on each parameter's ``data_ptr`` and ``_version``.
+   Writes through ``weight.data`` bump neither, and fovi's own ``load_conv2d_weights`` writes
+   that way, so inference keeps using the old weight. On CPU the dispatcher picks
+   ``torch_cached`` for fovi-resnet18's stem (``conv1``, Cin = 3) whenever gradients are off.
+4. **Backends disagree on the output layout.** ``baseline`` and ``torch_scatter`` return
+   ``[B, Cout, Nout]`` as a transposed view of ``[B, Nout, Cout]`` storage; ``torch_compact``,
+   ``gather_gemm`` (and ``torch_cached``, a permuted ``[Nout, B, Cout]``) return other strides.
+   Values agree, but layers downstream (BatchNorm) may round differently on other strides, so a
+   network's bits change with the backend the dispatcher picks.
+5. **gather_gemm reads input node 0 for padding.** A padding neighbour gathers node 0 and is
+   multiplied by 0, so a non-finite value at node 0 (read by no real neighbour) makes the padded
+   outputs NaN (the layer then zeroes them, being all-padding) and the whole weight gradient NaN,
+   where the formula gives finite values. No fovi-resnet18 K = 1 graph has padding.
+6. **Dispatcher.** On CPU with gradients on, ``auto`` is ``baseline`` for every layer, before
+   the K = V = 1 rule that picks ``gather_gemm`` (which applies on CUDA only). An explicitly
+   requested inference-only backend falls back to ``baseline`` under autograd. A backend set in
+   ``FOVI_KNN_BACKEND`` applies to every layer of every model: ``gather_gemm`` there raises on
+   the first layer with K > 1, and ``cuda`` / ``warp_train`` raise on CPU tensors.
+
+fovi is imported lazily: the rest of fovi_ref works without it, and every function here raises
+:class:`FoviUnavailable` (an ``ImportError``) naming the install command when it is absent. Install
+what this module needs with ``pip install --no-deps -r scripts/fovi-requirements.txt``.
+
+The modules:
+
+- :mod:`~fovi_ref.check.fovi.load`: importing fovi, its resnet18 and its layers.
+- :mod:`~fovi_ref.check.fovi.backends`: its backends at three depths, its dispatcher,
+  :class:`FoviOps` (fovi in fovi_ref's ops protocol), and its bench contenders.
+- :mod:`~fovi_ref.check.fovi.models`: fovi models with fovi_ref layers swapped in, compared.
+- :mod:`~fovi_ref.check.fovi.verify`: verdicts, diagnoses, the table (``verify --fovi``).
+
+Everything is re-exported here: ``from fovi_ref.check import fovi as upstream``.
+"""
+
+from fovi_ref.check.fovi.backends import (
+    DispatchRecord,
+    FoviOps,
+    backend_accepts,
+    check_fovi_ops,
+    dispatch_table,
+    fovi_backend,
+    fovi_backends,
+    fovi_contenders,
+    fovi_dispatch,
+    fovi_forward_and_grads,
+    fovi_ops,
+    to_fovi_meta,
+)
+from fovi_ref.check.fovi.load import (
+    BACKEND_ENV,
+    FOVI_VERSION,
+    INFERENCE_ONLY,
+    INSTALL_HINT,
+    LAYER_ONLY,
+    PATHS,
+    REGISTRY_MODULES,
+    FoviLayer,
+    FoviUnavailable,
+    FoviVersionError,
+    build_fovi_resnet18,
+    fovi_arch,
+    fovi_conv_layers,
+    fovi_layer_from_meta,
+    fovi_resnet18_layers,
+    load_knnresnet,
+    require_fovi,
+)
+from fovi_ref.check.fovi.models import (
+    ModelComparison,
+    TrainingComparison,
+    compare_model,
+    compare_training,
+    fovi_ref_convs,
+    random_batches,
+)
+from fovi_ref.check.fovi.verify import (
+    FoviCheck,
+    FoviFinding,
+    format_fovi_table,
+    fovi_findings,
+    fovi_record,
+    fovi_rows,
+    run_fovi,
+    verify_fovi,
+)
+
+__all__ = [
+    "DispatchRecord",
+    "FoviOps",
+    "backend_accepts",
+    "check_fovi_ops",
+    "dispatch_table",
+    "fovi_backend",
+    "fovi_backends",
+    "fovi_contenders",
+    "fovi_dispatch",
+    "fovi_forward_and_grads",
+    "fovi_ops",
+    "to_fovi_meta",
+    "BACKEND_ENV",
+    "FOVI_VERSION",
+    "INFERENCE_ONLY",
+    "INSTALL_HINT",
+    "LAYER_ONLY",
+    "PATHS",
+    "REGISTRY_MODULES",
+    "FoviLayer",
+    "FoviUnavailable",
+    "FoviVersionError",
+    "build_fovi_resnet18",
+    "fovi_arch",
+    "fovi_conv_layers",
+    "fovi_layer_from_meta",
+    "fovi_resnet18_layers",
+    "load_knnresnet",
+    "require_fovi",
+    "ModelComparison",
+    "TrainingComparison",
+    "compare_model",
+    "compare_training",
+    "fovi_ref_convs",
+    "random_batches",
+    "FoviCheck",
+    "FoviFinding",
+    "format_fovi_table",
+    "fovi_findings",
+    "fovi_record",
+    "fovi_rows",
+    "run_fovi",
+    "verify_fovi",
+]

@@ -1,0 +1,343 @@
+"""fovi 2.4.0 judged by fovi_ref's elementwise rule: every backend on every layer in every
+dtype, each failure diagnosed, the table and the JSON record (``python -m fovi_ref verify
+--fovi``)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fovi_ref import DTYPES, dtype_name, route
+from fovi_ref.check.fovi.backends import (
+    backend_accepts,
+    fovi_backends,
+    fovi_dispatch,
+    fovi_forward_and_grads,
+)
+from fovi_ref.check.fovi.load import (
+    FOVI_VERSION,
+    INFERENCE_ONLY,
+    FoviLayer,
+    FoviUnavailable,
+    FoviVersionError,
+    fovi_resnet18_layers,
+    require_fovi,
+)
+from fovi_ref.check.jobs import layer_names, progress
+from fovi_ref.check.operands import QUANTITIES, sample_operands
+from fovi_ref.check.tolerances import (
+    Verdict,
+    expected_quantities,
+    judge_elementwise,
+)
+
+__all__ = [
+    "FoviCheck",
+    "FoviFinding",
+    "format_fovi_table",
+    "fovi_findings",
+    "fovi_record",
+    "fovi_rows",
+    "run_fovi",
+    "verify_fovi",
+]
+
+
+# ---------------------------------------------------------------------------- verification
+@dataclass(frozen=True)
+class FoviCheck:
+    """One fovi backend's result for one quantity in one dtype on one layer, judged by fovi_ref's
+    elementwise rule (:func:`fovi_ref.check.tolerances.judge_elementwise`), fovi's ``baseline``
+    in the same dtype reported beside it.
+
+    ``side`` and ``reason`` say, for a failed check, which side is wrong and why, as far as
+    :func:`verify_fovi` could show it (empty for a pass): ``"fovi"`` where the evidence is in
+    the numbers (a float64 result that passes the float32 rule was computed in float32; a
+    failure fovi's own baseline shares), ``"undiagnosed"`` otherwise.
+    """
+
+    layer: str
+    backend: str
+    dtype: torch.dtype
+    quantity: str
+    verdict: Verdict
+    dispatch: str  # fovi's auto choice for this layer, device and dtype with gradients on
+    route: str  # fovi_ref's route for the graph
+    side: str = ""
+    reason: str = ""
+
+
+def _diagnose(value, expected, dtype, backend, baseline_verdict, separate) -> tuple[str, str]:
+    """``(side, reason)`` for a failed check, from what the numbers show: which relaxation of
+    the rule the value passes. ``separate()`` gives the expected quantities with
+    ``bias_rounding="separate"`` (computed only when asked)."""
+    name = dtype_name(dtype)
+    what = "output" if expected.name == "y" else "gradient"
+    if dtype == torch.float64 and judge_elementwise(value, expected, dtype=torch.float32).ok:
+        return "fovi", f"float64 {what} accumulated in float32: fails the float64 rule"
+    if expected.name == "y" and judge_elementwise(value, separate()["y"], dtype=dtype).ok:
+        return "fovi", (
+            f"W x rounded to {name} before the bias is added (fovi's baseline rounds once)"
+        )
+    one_more = replace(expected, stored=expected.magnitude, stores=expected.stores + 1)
+    if judge_elementwise(value, one_more, dtype=dtype).ok:
+        return "fovi", (
+            f"partial sums rounded to {name} before they are added (the baseline: float32)"
+        )
+    if backend != "baseline" and baseline_verdict is not None and not baseline_verdict.ok:
+        return "fovi", "fovi's own baseline fails the same check"
+    return "undiagnosed", "neither side shown wrong: read the verdict"
+
+
+def verify_fovi(
+    layers: dict[str, FoviLayer] | None = None,
+    *,
+    backends: Sequence[str] | None = None,
+    dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
+    batch: int = 2,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    on_layer: Callable[[int, int, str], None] | None = None,
+) -> list[FoviCheck]:
+    """Every fovi backend that runs here on every layer in every dtype, through fovi's own
+    layers (the ``"layer"`` path: what users run), judged by fovi_ref's elementwise rule.
+
+    Operands (:func:`fovi_ref.check.operands.sample_operands`) are drawn in float64 and rounded to
+    each dtype; the oracle and the bounds (:func:`~fovi_ref.check.tolerances.expected_quantities`,
+    with fovi's layer's reading of all-padding nodes, ``all_padding="zero"``) are computed in
+    float64 from the rounded values, so only fovi's arithmetic is judged, by the rule fovi_ref's own
+    backends meet (``python -m fovi_ref verify``). Each training-capable backend gives ``y`` and the
+    gradients of ``x``, ``weight`` and ``bias`` (a bias is supplied although fovi's layers have none
+    by default); inference-only ones (``torch_cached`` on CPU) give ``y``, under ``no_grad``.
+    ``layers`` defaults to fovi-resnet18's 20 on ``device``; ``on_layer(i, n, name)`` is called
+    before each layer (a progress line).
+    """
+    layers = fovi_resnet18_layers(device) if layers is None else layers
+    if backends is None:
+        backends = fovi_backends(device) + fovi_backends(device, training=False)
+    checks = []
+    for i, (name, rec) in enumerate(layers.items(), 1):
+        if on_layer is not None:
+            on_layer(i, len(layers), name)
+        meta, c_out = rec.meta, rec.out_channels
+        for dtype in dtypes:
+            operands = sample_operands(meta, c_out, batch=batch, seed=seed, dtype=dtype)
+            x, w, b, gy = (t.to(device) for t in operands)
+            expected = expected_quantities(x, w, b, meta, gy, all_padding="zero")
+            separate = functools.cache(
+                functools.partial(
+                    expected_quantities,
+                    x,
+                    w,
+                    b,
+                    meta,
+                    gy,
+                    all_padding="zero",
+                    bias_rounding="separate",
+                )  # fmt: skip
+            )
+            dispatch = fovi_dispatch(rec.layer, batch=batch, dtype=dtype, device=device)
+            run = functools.partial(fovi_forward_and_grads, layer=rec.layer)
+            baseline = dict(zip(QUANTITIES, run("baseline", x, w, b, gy), strict=True))
+            base_verdicts = {
+                q: judge_elementwise(v, expected[q], dtype=dtype) for q, v in baseline.items()
+            }
+            for backend in backends:
+                if not backend_accepts(backend, meta, dtype):
+                    continue
+                if backend == "baseline":
+                    got = list(baseline.values())
+                else:
+                    grad_y = None if backend in INFERENCE_ONLY else gy
+                    got = run(backend, x, w, b, grad_y)
+                for quantity, value in zip(QUANTITIES, got, strict=True):
+                    if value is None:
+                        continue
+                    base = None if backend == "baseline" else baseline[quantity]
+                    verdict = judge_elementwise(
+                        value, expected[quantity], dtype=dtype, baseline=base
+                    )
+                    side = reason = ""
+                    if not verdict.ok:
+                        side, reason = _diagnose(
+                            value, expected[quantity], dtype, backend, base_verdicts[quantity],
+                            separate,
+                        )  # fmt: skip
+                    checks.append(
+                        FoviCheck(
+                            name,
+                            backend,
+                            dtype,
+                            quantity,
+                            verdict,
+                            dispatch,
+                            route(meta),
+                            side,
+                            reason,
+                        )  # fmt: skip
+                    )
+    return checks
+
+
+def _ratio_text(ratio: float) -> str:
+    if ratio < 10:
+        return f"{ratio:.2f}"
+    if ratio < 1000:
+        return f"{ratio:.0f}"
+    return f"{ratio:.0e}".replace("e+0", "e").replace("e+", "e")  # 3e7, 2e10
+
+
+@dataclass(frozen=True)
+class FoviFinding:
+    """Failed checks sharing a backend, dtype, side and reason: which quantities, on how many
+    layers, the worst ratio."""
+
+    backend: str
+    dtype: str
+    quantities: tuple[str, ...]
+    layers: int
+    worst_ratio: float
+    side: str
+    reason: str
+
+
+def fovi_findings(checks: Sequence[FoviCheck]) -> list[FoviFinding]:
+    """The failures of :func:`verify_fovi`, grouped by backend, dtype, side and reason."""
+    groups: dict[tuple, list[FoviCheck]] = {}
+    for c in checks:
+        if not c.verdict.ok:
+            groups.setdefault((c.backend, c.dtype, c.side, c.reason), []).append(c)
+    return [
+        FoviFinding(
+            backend,
+            dtype_name(dtype),
+            tuple(dict.fromkeys(c.quantity for c in group)),
+            len({c.layer for c in group}),
+            max(c.verdict.ratio for c in group),
+            side,
+            reason,
+        )  # fmt: skip
+        for (backend, dtype, side, reason), group in groups.items()
+    ]
+
+
+def fovi_rows(checks: Sequence[FoviCheck]) -> list[dict]:
+    """One row per layer x fovi backend: per dtype the verdict over its quantities, the worst
+    quantity, its ratio (error / bound of the worst element) and fovi baseline's ratio; fovi's
+    dispatcher choice per dtype and fovi_ref's route. JSON-ready."""
+    rows: dict[tuple[str, str], dict] = {}
+    for c in checks:
+        row = rows.setdefault(
+            (c.layer, c.backend),
+            {"layer": c.layer, "backend": c.backend, "route": c.route, "dispatch": {}},
+        )
+        dtype = dtype_name(c.dtype)
+        row["dispatch"][dtype] = c.dispatch
+        cell = row.setdefault(dtype, {"ok": True, "worst": None, "ratio": -1.0})
+        cell["ok"] = cell["ok"] and c.verdict.ok
+        if c.verdict.ratio > cell["ratio"]:
+            cell.update(worst=c.quantity, ratio=c.verdict.ratio)
+            cell["baseline_ratio"] = c.verdict.baseline_ratio
+    return list(rows.values())
+
+
+def format_fovi_table(checks: Sequence[FoviCheck]) -> str:
+    """The table of :func:`verify_fovi` (lines within 100 characters): one row per layer and
+    fovi backend; per dtype ``PASS 0.35`` / ``FAIL 3e7``, the verdict over ``y`` and the three
+    gradients and the worst element's error / bound; then fovi's dispatcher choice (``auto``,
+    gradients on) beside fovi_ref's ``route``. Below: the count, then each diagnosis once (the
+    side that is wrong and why) with the groups of failures it explains."""
+    rows = fovi_rows(checks)
+    dtypes = list(dict.fromkeys(dtype_name(c.dtype) for c in checks))
+    header = f"{'layer':<22}{'fovi backend':<14}" + "".join(f"{d:<10}" for d in dtypes)
+    header += f"{'auto':<13}route"
+    lines = [header]
+    cells = failed = 0
+    for row in rows:
+        text = f"{row['layer']:<22}{row['backend']:<14}"
+        for d in dtypes:
+            cell = row.get(d)
+            if cell is None:
+                text += f"{'-':<10}"
+                continue
+            cells += 1
+            failed += not cell["ok"]
+            text += f"{'PASS' if cell['ok'] else 'FAIL'} {_ratio_text(cell['ratio']):<5}"
+        auto = "/".join(dict.fromkeys(row["dispatch"].values()))
+        lines.append(f"{text}{auto:<13}{row['route']}")
+    lines.append(f"\n{cells - failed} cells passed, {failed} failed")
+    by_reason: dict[tuple[str, str], list[FoviFinding]] = {}
+    for f in fovi_findings(checks):  # each diagnosis once; the groups name the dtype
+        low = f.dtype in ("float16", "bfloat16")
+        generic = f.reason.replace(f.dtype, "16 bits") if low else f.reason
+        by_reason.setdefault((f.side, generic), []).append(f)
+    if by_reason:
+        lines.append("failures, by diagnosis (the side that is wrong: why), then the groups:")
+    for (side, reason), group in by_reason.items():
+        lines.append(f"  {side}: {reason}")
+        for f in group:
+            lines.append(
+                f"    {f.backend} {f.dtype} {' '.join(f.quantities)} "
+                f"({f.layers} layer{'s' * (f.layers != 1)}, worst {_ratio_text(f.worst_ratio)})"
+            )
+    return "\n".join(lines)
+
+
+def fovi_record(checks: Sequence[FoviCheck], **about: Any) -> dict:
+    """What ``python -m fovi_ref verify --fovi`` writes to ``verify_fovi.json``: ``about``
+    (versions, device, batch), the rule, the rows of :func:`fovi_rows`, the findings."""
+    rows = fovi_rows(checks)
+    cells = [row[d] for row in rows for d in DTYPES if d in row]
+    return {
+        "fovi": FOVI_VERSION,
+        **about,
+        "rule": "fovi_ref.check.tolerances.judge_elementwise, all_padding='zero' (fovi's layer)",
+        "passed": sum(c["ok"] for c in cells),
+        "failed": sum(not c["ok"] for c in cells),
+        "rows": rows,
+        "findings": [vars(f) for f in fovi_findings(checks)],
+    }
+
+
+def run_fovi(args) -> int:
+    """``python -m fovi_ref verify --fovi``: fovi 2.4.0's backends through fovi's own layers,
+    judged by the same elementwise rule (:func:`verify_fovi`); the table on
+    stdout, ``verify_fovi.json`` in ``args.out``. Returns the exit status: 0 when every cell
+    passed, 1 on a FAIL (a finding about fovi: the table says which side is wrong and why), 2
+    when fovi is not installed."""
+
+    try:
+        fovi = require_fovi()
+    except (FoviUnavailable, FoviVersionError) as err:
+        print(f"verify --fovi: {err}", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    dtypes = tuple(DTYPES[d] for d in args.dtypes)
+    every = fovi_resnet18_layers(device)
+    layers = {name: every[name] for name in layer_names(args.layers)}
+    checks = verify_fovi(
+        layers,
+        dtypes=dtypes,
+        batch=args.batch,
+        device=device,
+        on_layer=lambda i, n, name: progress(i, n, f"verify fovi {name}"),
+    )
+    print(f"\nfovi {fovi.__version__} on {device}, batch {args.batch}: fovi's own layers, every")
+    print("backend that runs here; y and grad x/weight/bias vs the float64 oracle, judged by")
+    print("fovi_ref's elementwise rule (fovi_ref/check/tolerances.py), fovi's all-padding reading.")
+    print("cell: PASS/FAIL, then the worst element's error / bound (at most 1 passes)")
+    print("auto: fovi's dispatcher choice with gradients on; route: fovi_ref's for the graph")
+    print("a FAIL is fovi's result outside the bound; the lines below it say why\n")
+    print(format_fovi_table(checks))
+    record = fovi_record(checks, torch=torch.__version__, device=str(device), batch=args.batch)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verify_fovi.json").write_text(json.dumps(record, indent=1))
+    return 0 if record["failed"] == 0 else 1

@@ -1,0 +1,124 @@
+"""Verification of every backend on one graph against the float64 oracle, per dtype.
+
+For each dtype the operands are drawn in float64 from a fixed seed and rounded to the dtype; the
+oracle then runs in float64 on those *rounded* values, so a backend is judged on its own
+arithmetic only, element by element, with the rule of :mod:`fovi_ref.check.tolerances`
+(:func:`~fovi_ref.check.tolerances.judge_elementwise`). ``einsum_baseline`` in the same dtype is
+judged by the same rule and its worst ratio is reported beside every verdict (not judged).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fovi_ref import DTYPES, KNNMeta, available_ops, dtype_name, get_ops, route
+from fovi_ref.check.jobs import LOW_AND_SINGLE, layer_names, progress
+from fovi_ref.check.operands import QUANTITIES, forward_and_grads, sample_operands
+from fovi_ref.check.tolerances import BiasRounding, Verdict, expected_quantities, judge_elementwise
+from fovi_ref.geometry import get_layer
+
+__all__ = ["BASELINE", "Check", "backends_for", "run", "verify_meta"]
+
+BASELINE = "einsum_baseline"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One backend's result for one quantity in one dtype on one graph."""
+
+    layer: str
+    backend: str
+    route: str
+    dtype: torch.dtype
+    quantity: str
+    verdict: Verdict
+
+
+def backends_for(meta: KNNMeta) -> list[str]:
+    """Registered backends that accept ``meta`` (those without ``supports`` accept all)."""
+    names = []
+    for name in available_ops():
+        supports = getattr(get_ops(name), "supports", None)
+        if supports is None or supports(meta):
+            names.append(name)
+    return names
+
+
+def verify_meta(
+    layer: str,
+    meta: KNNMeta,
+    out_channels: int,
+    *,
+    dtypes: tuple[torch.dtype, ...] = tuple(DTYPES[d] for d in LOW_AND_SINGLE),
+    batch: int = 4,
+    seed: int = 0,
+    bias_rounding: BiasRounding = "fused",
+) -> list[Check]:
+    """Forward and the three gradients of every accepting backend, in every dtype, each judged
+    elementwise against the float64 oracle; the baseline's ratio rides along in each verdict.
+    ``bias_rounding="fused"`` demands that ``y`` round ``W x + b`` once (see
+    :mod:`fovi_ref.check.tolerances`, step 2 (d))."""
+    checks = []
+    for dtype in dtypes:
+        x, w, b, gy = sample_operands(meta, out_channels, batch=batch, seed=seed, dtype=dtype)
+        expected = expected_quantities(x, w, b, meta, gy, bias_rounding=bias_rounding)
+        baseline = forward_and_grads(x, w, b, meta, gy, BASELINE)
+        for backend in backends_for(meta):
+            same = backend == BASELINE
+            got = baseline if same else forward_and_grads(x, w, b, meta, gy, backend)
+            for quantity, value, base in zip(QUANTITIES, got, baseline, strict=True):
+                verdict = judge_elementwise(value, expected[quantity], dtype=dtype, baseline=base)
+                checks.append(Check(layer, backend, route(meta), dtype, quantity, verdict))
+    return checks
+
+
+def run(args) -> bool:
+    """``python -m fovi_ref verify``: :func:`verify_meta` on every requested res18 layer, the
+    table on stdout, ``verify.json`` in ``args.out``; True when every check passed. ``args``
+    carries ``device``, ``dtypes``, ``layers``, ``batch`` and ``out``."""
+    device = torch.device(args.device)
+    dtypes = tuple(DTYPES[d] for d in args.dtypes)
+    names = layer_names(args.layers)
+    rows, failures = [], 0
+    for i, name in enumerate(names, 1):
+        progress(i, len(names), f"verify {name}")
+        layer = get_layer(name)
+        checks = verify_meta(
+            name, layer.meta.to(device), layer.out_channels, dtypes=dtypes, batch=args.batch
+        )
+        for backend in dict.fromkeys(c.backend for c in checks):
+            row = {"layer": name, "route": route(layer.meta), "backend": backend}
+            for dtype in dtypes:
+                mine = [c for c in checks if c.backend == backend and c.dtype == dtype]
+                worst = max(mine, key=lambda c: c.verdict.ratio)
+                ok = all(c.verdict.ok for c in mine)
+                failures += not ok
+                row[dtype_name(dtype)] = {
+                    "ok": ok,
+                    "worst": worst.quantity,
+                    "ratio": worst.verdict.ratio,
+                    "max_abs_error": worst.verdict.max_abs_error,
+                    "worst_error": worst.verdict.worst_error,
+                    "worst_bound": worst.verdict.worst_bound,
+                }
+            rows.append(row)
+    print(f"\nverify on {device}, batch {args.batch}: forward and grad x/weight/bias vs float64")
+    print("cell: PASS/FAIL, then the worst element's |value - ref| / bound over the four (<= 1)\n")
+    header = f"{'layer':<24}{'route':<13}{'backend':<17}" + "".join(f"{d:<16}" for d in args.dtypes)
+    print(header.rstrip())
+    for row in rows:
+        cells = ""
+        for d in args.dtypes:
+            r = row[d]
+            cells += f"{'PASS' if r['ok'] else 'FAIL'} {r['ratio']:<11.2f}"
+        print(f"{row['layer']:<24}{row['route']:<13}{row['backend']:<17}{cells}".rstrip())
+    total = len(rows) * len(dtypes)
+    print(f"\n{total - failures} passed, {failures} failed")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verify.json").write_text(json.dumps(rows, indent=1))
+    return failures == 0
