@@ -105,7 +105,8 @@ def test_fovi_resnet18_has_the_20_convolutions_of_the_plan(layers):
 
 
 def test_fovi_ref_geometry_builds_the_graphs_of_fovi_240(layers):
-    """fovi_ref.geometry must rebuild the graphs fovi 2.4.0 builds, layer for layer."""
+    """fovi_ref.geometry must rebuild the graphs fovi 2.4.0 builds on the machine at hand, layer
+    for layer and element for element, whatever its arithmetic (CI runs this under several)."""
     ours = resnet18_layers()
     differ = {
         name: f"fovi_ref {ours[name].meta} vs fovi {rec.meta}"
@@ -543,3 +544,31 @@ def test_fovi_contenders_run_forward_and_backward(layers):
     assert set(times) == set(contenders)
     with upstream.fovi_backend("baseline"), pytest.raises(RuntimeError, match="override"):
         upstream.fovi_contenders(inputs)
+
+
+# --------------------------------------------------------------- graphs depend on the machine
+@pytest.fixture(scope="module")
+def finding():
+    return upstream.machine_finding("as is", "MKL SSE4.2")
+
+
+def test_fovis_graphs_built_under_another_arithmetic_differ_only_on_ties(finding):
+    assert finding.flips_outside_ties == 0
+    assert set(finding.flips) == set(finding.ties)  # 20 convolutions and the two pools
+    for name, nodes in finding.flips.items():
+        assert len(nodes) <= finding.ties[name], name
+    a, b = finding.runs
+    assert len(a.losses) == len(b.losses) == 3
+    if finding.n_flips == 0:  # an arithmetic setting this machine ignores: nothing may differ
+        assert finding.output_difference == 0 and a.losses == b.losses
+    else:  # the same weights on another graph: a different network
+        assert finding.output_difference > 1e-6
+    summary = finding.summary()
+    assert f"{finding.n_flips} nodes" in summary and "not ties" in summary
+    record = upstream.finding_record(finding)
+    assert record["flips_outside_ties"] == 0 and record["settings"] == ["as is", "MKL SSE4.2"]
+
+
+def test_machine_finding_refuses_an_unknown_setting():
+    with pytest.raises(KeyError, match="known: as is"):
+        upstream.machine_finding("as is", "nonsense")

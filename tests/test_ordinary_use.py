@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from conftest import random_meta
 from torch import nn
 
-from fovi_ref import KNNConv, available_ops, get_ops, knn_conv, route
-from fovi_ref.tolerances import QUANTITIES, expected_quantities, judge_elementwise
+from fovi_ref import KNNConv, available_ops, get_ops, route
+from fovi_ref.check.operands import QUANTITIES, forward_and_grads, sample_operands
+from fovi_ref.check.tolerances import expected_quantities, judge_elementwise
 
 
 def small_model(seed=0, depth=3):
@@ -240,23 +241,17 @@ def test_einsum_baseline_chain_is_bit_identical_to_fovis_way_in_float64():
 
 
 def _thread_case(backend: str, dtype: torch.dtype):
-    """Operands of one forward+backward on a graph the backend accepts."""
+    """``(meta, x, weight, bias, grad_y)``: a graph the backend accepts, operands at batch 16."""
     k, v = (1, 1) if backend == "gather_gemm" else (9, 9)
     meta = random_meta(k, v, n_in=300, n_out=200, in_channels=32, seed=3)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(16, 32, 300, generator=g, dtype=dtype, requires_grad=True)
-    w = (0.1 * torch.randn(64, 32 * v, generator=g, dtype=dtype)).requires_grad_()
-    b = torch.randn(64, generator=g, dtype=dtype, requires_grad=True)
-    grad_y = torch.randn(16, 64, 200, generator=g, dtype=dtype)
-    return meta, x, w, b, grad_y
+    return (meta, *sample_operands(meta, 64, batch=16, dtype=dtype))
 
 
-def _run_with_threads(n: int, backend: str, meta, x, w, b, grad_y) -> list[torch.Tensor]:
+def _run_with_threads(n: int, backend: str, meta, x, w, b, grad_y) -> tuple[torch.Tensor, ...]:
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(n)
-        y = knn_conv(x, w, b, meta, backend=backend)
-        return [y.detach(), *torch.autograd.grad(y, (x, w, b), grad_y)]
+        return forward_and_grads(x, w, b, meta, grad_y, backend)
     finally:
         torch.set_num_threads(threads)
 
@@ -276,7 +271,7 @@ def test_results_under_another_thread_count_stay_within_the_rule(backend, dtype)
     """1 and 2 threads may round differently (MKL blocks its GEMMs by thread count, on some
     machines even gather_gemm's): both runs pass the elementwise tolerance rule."""
     meta, x, w, b, grad_y = case = _thread_case(backend, dtype)
-    expected = expected_quantities(x.detach(), w.detach(), b.detach(), meta, grad_y)
+    expected = expected_quantities(x, w, b, meta, grad_y)
     for n in (1, 2):
         for name, value in zip(QUANTITIES, _run_with_threads(n, backend, *case), strict=True):
             verdict = judge_elementwise(value, expected[name])

@@ -54,6 +54,11 @@ Where fovi 2.4.0 differs from the formula or from itself (each one tested in
    requested inference-only backend falls back to ``baseline`` under autograd. A backend set in
    ``FOVI_KNN_BACKEND`` applies to every layer of every model: ``gather_gemm`` there raises on
    the first layer with K > 1, and ``cuda`` / ``warp_train`` raise on CPU tensors.
+7. **Graphs depend on the machine.** fovi builds its graphs in float32 when a model is
+   constructed and keeps them out of the ``state_dict``; another CPU, MKL code path or thread
+   count settles near-ties of its distances the other way
+   (:mod:`fovi_ref.geometry.certificate`), so a checkpoint runs a slightly different network on
+   another machine (:mod:`~fovi_ref.check.fovi.machines` measures how different).
 
 fovi is imported lazily: the rest of fovi_ref works without it, and every function here raises
 :class:`FoviUnavailable` (an ``ImportError``) naming the install command when it is absent. Install
@@ -66,6 +71,8 @@ The modules:
   :class:`FoviOps` (fovi in fovi_ref's ops protocol), and its bench contenders.
 - :mod:`~fovi_ref.check.fovi.models`: fovi models with fovi_ref layers swapped in, compared.
 - :mod:`~fovi_ref.check.fovi.verify`: verdicts, diagnoses, the table (``verify --fovi``).
+- :mod:`~fovi_ref.check.fovi.machines`: its graphs built under other arithmetic settings: flips,
+  ties, and the effect on a network.
 
 Everything is re-exported here: ``from fovi_ref.check import fovi as upstream``.
 """
@@ -102,6 +109,14 @@ from fovi_ref.check.fovi.load import (
     fovi_resnet18_layers,
     load_knnresnet,
     require_fovi,
+)
+from fovi_ref.check.fovi.machines import (
+    ARITHMETIC_SETTINGS,
+    MachineFinding,
+    MachineRun,
+    finding_record,
+    machine_finding,
+    run_under,
 )
 from fovi_ref.check.fovi.models import (
     ModelComparison,
@@ -152,6 +167,12 @@ __all__ = [
     "fovi_resnet18_layers",
     "load_knnresnet",
     "require_fovi",
+    "ARITHMETIC_SETTINGS",
+    "MachineFinding",
+    "MachineRun",
+    "finding_record",
+    "machine_finding",
+    "run_under",
     "ModelComparison",
     "TrainingComparison",
     "compare_model",

@@ -30,6 +30,7 @@ from fovi_ref.check.fovi.load import (
     fovi_resnet18_layers,
     require_fovi,
 )
+from fovi_ref.check.fovi.machines import finding_record, machine_finding
 from fovi_ref.check.jobs import layer_names, progress
 from fovi_ref.check.operands import QUANTITIES, sample_operands
 from fovi_ref.check.tolerances import (
@@ -308,8 +309,9 @@ def fovi_record(checks: Sequence[FoviCheck], **about: Any) -> dict:
 
 def run_fovi(args) -> int:
     """``python -m fovi_ref verify --fovi``: fovi 2.4.0's backends through fovi's own layers,
-    judged by the same elementwise rule (:func:`verify_fovi`); the table on
-    stdout, ``verify_fovi.json`` in ``args.out``. Returns the exit status: 0 when every cell
+    judged by the same elementwise rule (:func:`verify_fovi`), then how fovi's graphs depend on
+    the machine (:func:`~fovi_ref.check.fovi.machines.machine_finding`); the table and the finding
+    on stdout, ``verify_fovi.json`` in ``args.out``. Returns the exit status: 0 when every cell
     passed, 1 on a FAIL (a finding about fovi: the table says which side is wrong and why), 2
     when fovi is not installed."""
 
@@ -336,7 +338,11 @@ def run_fovi(args) -> int:
     print("auto: fovi's dispatcher choice with gradients on; route: fovi_ref's for the graph")
     print("a FAIL is fovi's result outside the bound; the lines below it say why\n")
     print(format_fovi_table(checks))
+    # Graphs are built on the CPU whatever the device, so this finding is the CPU's.
+    finding = machine_finding()
+    print(f"\n{finding.summary()}")
     record = fovi_record(checks, torch=torch.__version__, device=str(device), batch=args.batch)
+    record["machine_finding"] = finding_record(finding)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "verify_fovi.json").write_text(json.dumps(record, indent=1))
