@@ -655,3 +655,25 @@ def test_plots_return_axes(layers):
     with pytest.raises(IndexError):
         plot_neighbourhood(stem, stem.n_out)
     plt.close("all")
+
+
+def test_the_readmes_machine_independent_figures():
+    """The README's figures that come from pinned data: the witnesses' disagreement and the exact
+    construction's difference from fovi, at fovi's defaults."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    pins = pinned_graphs("default")
+    amd = AMD_DIGITS_2_4_0["settings"]["default"]["layers"]
+    disagree = sum(
+        a != b
+        for name, m in pins.items()
+        for a, b in zip(node_digits(m.knn, m.rf_index), amd[name]["node_digits"], strict=True)
+    )
+    exact = resnet18_layers(arithmetic="exact")
+    moved = sum(
+        node_pairs(exact[name].meta, n) != node_pairs(m, n)
+        for name, m in pins.items()
+        for n in range(m.n_out)
+    )
+    nodes = sum(m.n_out for m in pins.values())
+    assert f"disagree on {disagree} nodes, all\n  ties" in readme
+    assert f"{moved} of {nodes} nodes differ from fovi's float32 graphs" in readme
