@@ -204,11 +204,12 @@ def ring_radii(
 
 # ------------------------------------------------------------------- fovi 2.4.0: float32
 def _ring_points_2_4_0(radii: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
-    """fovi 2.4.0: ``[N, 2]`` float32 ring points from float32 angles ``j * (2 pi / n)``."""
+    """fovi 2.4.0: ``[N, 2]`` ring points from angles ``j * (2 pi / n)``, in ``radii``'s dtype
+    (float32 as fovi computes them; float64 for the exact construction)."""
     angles = torch.cat(
-        [torch.arange(n, dtype=torch.float32) * (2 * math.pi / n) for n in counts]
-    )  # [N] float32
-    radius = torch.repeat_interleave(radii, torch.tensor(counts))  # [N] float32
+        [torch.arange(n, dtype=radii.dtype) * (2 * math.pi / n) for n in counts]
+    )  # [N]
+    radius = torch.repeat_interleave(radii, torch.tensor(counts))  # [N]
     return torch.stack([radius * torch.cos(angles), radius * torch.sin(angles)], dim=1)
 
 
@@ -248,15 +249,6 @@ def _pad_points_bf792c2(radii: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ exact: float64 throughout
-def _ring_points_exact(radii: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
-    """Exact arithmetic: ``[N, 2]`` float64 ring points from float64 angles ``j * (2 pi / n)``."""
-    angles = torch.cat(
-        [torch.arange(n, dtype=torch.float64) * (2 * math.pi / n) for n in counts]
-    )  # [N] float64
-    radius = torch.repeat_interleave(radii, torch.tensor(counts))  # [N] float64
-    return torch.stack([radius * torch.cos(angles), radius * torch.sin(angles)], dim=1)
-
-
 def _pad_points_exact(radii: torch.Tensor) -> torch.Tensor:
     """Exact arithmetic: ``[P, 2]`` float64 pad coordinates, counts certain."""
     step = float(radii[-1] - radii[-2])
@@ -343,30 +335,18 @@ def foveated_sampling(
 def _cached_sampling(
     res: int, fov: float, cmf_a: float, field_geometry: str, fovi_version: str, arithmetic: str
 ) -> FoveatedSampling:
-    if arithmetic == "exact":
-        radii, counts = ring_radii(res, fov, cmf_a, torch.float64)
-        points, pads = _ring_points_exact(radii, counts), _pad_points_exact(radii)
-        return FoveatedSampling(
-            res=res,
-            fov=fov,
-            cmf_a=cmf_a,
-            fovi_version=fovi_version,
-            field_geometry=field_geometry,
-            arithmetic=arithmetic,
-            radii=radii,
-            ring_sizes=counts,
-            cartesian=points,
-            cortical=cortical_coords(points.numpy(), fov, cmf_a, field_geometry, torch.float64),
-            pad_cartesian=pads,
-            pad_cortical=cortical_coords(pads.numpy(), fov, cmf_a, field_geometry, torch.float64),
-        )
-    radii, counts = ring_radii(res, fov, cmf_a)
-    if fovi_version == "2.4.0":
+    exact = arithmetic == "exact"
+    radii, counts = ring_radii(res, fov, cmf_a, torch.float64 if exact else torch.float32)
+    if exact:
+        points, pads = _ring_points_2_4_0(radii, counts), _pad_points_exact(radii)  # float64
+    elif fovi_version == "2.4.0":
         points = _ring_points_2_4_0(radii, counts)  # [N, 2] float32
         pads = _pad_points_2_4_0(radii)  # [P, 2] float32
     else:
         points = _ring_points_bf792c2(radii, counts)  # [N, 2] float64
         pads = _pad_points_bf792c2(radii)  # [P, 2] float32
+    # fovi stores float32 points (bf792c2 maps its float64 ones first); exact stays float64.
+    stored = torch.float64 if exact else torch.float32
     return FoveatedSampling(
         res=res,
         fov=fov,
@@ -376,8 +356,8 @@ def _cached_sampling(
         arithmetic=arithmetic,
         radii=radii,
         ring_sizes=counts,
-        cartesian=points.to(torch.float32),
-        cortical=cortical_coords(points.numpy(), fov, cmf_a, field_geometry),
+        cartesian=points.to(stored),
+        cortical=cortical_coords(points.numpy(), fov, cmf_a, field_geometry, stored),
         pad_cartesian=pads,
-        pad_cortical=cortical_coords(pads.numpy(), fov, cmf_a, field_geometry),
+        pad_cortical=cortical_coords(pads.numpy(), fov, cmf_a, field_geometry, stored),
     )
