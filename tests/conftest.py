@@ -98,3 +98,8 @@ def sample_inputs(
     out = [t.to(device=meta.device, dtype=dtype).requires_grad_() for t in (x, w)]
     out.append(None if b is None else b.to(device=meta.device, dtype=dtype).requires_grad_())
     return tuple(out)
+
+
+def node_pairs(meta: KNNMeta, node: int) -> list[tuple[int, int]]:
+    """A node's (neighbour, cell) pairs, sorted: what the convolution reads, order aside."""
+    return sorted(zip(meta.knn[:, node].tolist(), meta.rf_index[node].tolist(), strict=True))

@@ -1,7 +1,8 @@
 """fovi_ref.geometry: the real fovi-resnet18 KNN graphs, built from scratch.
 
 fovi's graphs depend on the machine (fovi_ref.geometry.certificate), so every comparison with a
-pinned graph is made on the nodes the tie certificate calls determined, and is exact there. Two
+pinned graph is made on the nodes the tie certificate calls determined, and is exact there
+(tests/test_other_machines.py rebuilds the graphs under other arithmetic settings). Two
 fovi versions are pinned, so these tests need no fovi:
 
 - fovi 2.4.0 (PyPI), the default, four settings (the defaults, ``field_geometry="legacy"``, two
@@ -18,9 +19,6 @@ The rest checks the properties the construction must have, on the default graphs
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import matplotlib
 import numpy as np
 import pytest
 import torch
+from conftest import node_pairs
 
 from fovi_ref import route
 from fovi_ref.geometry import (
@@ -90,12 +89,6 @@ AMD_DIGITS_2_4_0 = json.loads(
 )
 SETTINGS_2_4_0 = list(PINNED_SETTINGS)
 
-# Arithmetic settings that stand in for other machines (each changes some of fovi's graphs here).
-OTHER_ARITHMETIC = {
-    "sse4_2": {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
-    "aten_default": {"ATEN_CPU_CAPABILITY": "default"},
-    "mkl_compatible": {"MKL_CBWR": "COMPATIBLE"},
-}
 
 # fovi commit bf792c2: one hex digit per output node (fovi_ref.geometry.digest.node_digits),
 # computed from graphs verified identical to that commit's. Layers not listed repeat a listed one
@@ -166,11 +159,6 @@ def certificates_for(setting: str) -> dict:
         layers = layers_for(setting)
         _CERTIFICATES[setting] = {name: tie_certificate(g) for name, g in layers.items()}
     return _CERTIFICATES[setting]
-
-
-def node_pairs(meta: KNNMeta, node: int) -> list[tuple[int, int]]:
-    """A node's (neighbour, cell) pairs, sorted: what the convolution reads, order aside."""
-    return sorted(zip(meta.knn[:, node].tolist(), meta.rf_index[node].tolist(), strict=True))
 
 
 # ----------------------------------------------------------------------------- the layer table
@@ -267,42 +255,6 @@ def test_the_certificate_refuses_exact_graphs():
         tie_certificate(get_layer("res18_ds3", arithmetic="exact"))
 
 
-def _run_under(env_extra: dict[str, str], code: str) -> str:
-    """Run ``code`` in a fresh interpreter with extra environment variables; its stdout."""
-    env = {**os.environ, **env_extra}
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
-
-
-_DUMP_FOVI_GRAPHS = """
-import sys, torch
-from fovi_ref.geometry import resnet18_layers
-layers = resnet18_layers()
-torch.save({n: (g.meta.knn, g.meta.rf_index) for n, g in layers.items()}, sys.argv[1])
-"""
-
-
-@pytest.mark.parametrize("arithmetic", list(OTHER_ARITHMETIC))
-def test_every_flip_under_another_arithmetic_is_a_tie(arithmetic, layers, tmp_path):
-    """Rebuilt under another arithmetic setting (standing in for another machine), fovi's graphs
-    change only on nodes this machine's certificate calls ties."""
-    path = tmp_path / "graphs.pt"
-    _run_under(
-        OTHER_ARITHMETIC[arithmetic], _DUMP_FOVI_GRAPHS.replace("sys.argv[1]", repr(str(path)))
-    )
-    other = torch.load(path)
-    for name, certificate in certificates_for("default").items():
-        knn, rf_index = other[name]
-        moved = KNNMeta.from_knn(
-            knn, rf_index, n_in=layers[name].n_in, in_channels=1, v=layers[name].v
-        )
-        for node in certificate.determined.nonzero().flatten().tolist():
-            assert node_pairs(moved, node) == node_pairs(layers[name].meta, node), (name, node)
-
-
 # ------------------------------------------------------------------- fovi bf792c2, pinned
 def test_determined_nodes_are_fovi_bf792c2s():
     """fovi_version="bf792c2": every determined node carries the digit that commit's graph has
@@ -326,30 +278,6 @@ def test_determined_nodes_are_fovi_bf792c2s():
 
 
 # --------------------------------------------------------------- the exact construction
-_EXACT_DIGEST = """
-import hashlib
-from fovi_ref.geometry import resnet18_layers
-h = hashlib.sha256()
-for field_geometry in ("planar", "legacy"):
-    for g in resnet18_layers(arithmetic="exact", field_geometry=field_geometry).values():
-        h.update(g.meta.knn.numpy().tobytes())
-        h.update(g.meta.rf_index.numpy().tobytes())
-print(h.hexdigest())
-"""
-
-
-def test_exact_graphs_are_bitwise_the_same_under_every_arithmetic():
-    """arithmetic="exact" builds the same tensors, bit for bit, here and under every setting that
-    changes fovi's own graphs (and one thread)."""
-    here = _run_under({}, _EXACT_DIGEST)
-    settings = [
-        *OTHER_ARITHMETIC.values(),
-        {"OMP_NUM_THREADS": "1", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
-    ]
-    for extra in settings:
-        assert _run_under(extra, _EXACT_DIGEST) == here, extra
-
-
 @pytest.mark.parametrize("setting", SETTINGS_2_4_0)
 def test_exact_graphs_differ_from_fovis_in_few_nodes(setting):
     """Same shapes and counts as fovi's; a few percent of the nodes differ (fovi's float32 points
