@@ -164,15 +164,15 @@ class MachineFinding:
         nodes = sum(len(n) for n in self.flips.values())
         layers = sum(bool(n) for n in self.flips.values())
         ties = sum(self.ties.values())
-        lines = [
-            f"fovi 2.4.0's graphs depend on the machine: {ties} nodes of KNNResNet-18 are ties "
-            "of its float32 distances on this machine.",
-            f"Built under '{a.setting}' and '{b.setting}', {nodes} nodes in {layers} layers "
-            f"differ; {self.flips_outside_ties} of them are not ties.",
-            f"Same weights, same input, float64: the logits differ by "
-            f"{self.output_difference:.1e} of their scale; SGD losses ({_STEPS} steps) "
-            f"{a.losses[-1]:.4f} vs {b.losses[-1]:.4f}.",
-            "fovi_ref: KNNConv keeps its graph in the state_dict; "
+        lines = [  # each within 100 columns, for notebooks
+            f"fovi 2.4.0's graphs depend on the machine: {ties} nodes of KNNResNet-18 are "
+            "ties here.",
+            f"Built under '{a.setting}' and '{b.setting}': {nodes} nodes in {layers} layers "
+            f"differ, {self.flips_outside_ties} of them not ties.",
+            f"Same weights and input, float64: the logits differ by {self.output_difference:.1e} "
+            "of their scale;",
+            f"SGD losses after {_STEPS} steps: {a.losses[-1]:.4f} vs {b.losses[-1]:.4f}.",
+            "fovi_ref: KNNConv keeps its graph in its state_dict, and",
             "resnet18_layers(arithmetic='exact') builds the same graph on every machine.",
         ]
         return "\n".join(lines)
