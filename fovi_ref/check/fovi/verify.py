@@ -81,8 +81,8 @@ def _diagnose(value, expected, dtype, backend, baseline_verdict, separate) -> tu
     ``bias_rounding="separate"`` (computed only when asked)."""
     name = dtype_name(dtype)
     what = "output" if expected.name == "y" else "gradient"
-    as_f32 = judge_elementwise(value, expected, dtype=torch.float32, any_dtype=True)
-    if dtype == torch.float64 and as_f32.ok:
+    f32 = dict(dtype=torch.float32, any_dtype=True)  # the float32 rule for a float64 value
+    if dtype == torch.float64 and judge_elementwise(value, expected, **f32).ok:
         return "fovi", f"float64 {what} accumulated in float32: fails the float64 rule"
     if expected.name == "y" and judge_elementwise(value, separate()["y"], dtype=dtype).ok:
         return "fovi", (
