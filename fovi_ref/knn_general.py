@@ -161,9 +161,10 @@ def derive(meta: KNNMeta) -> Derived:
 def _binned(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
     """Step 1: ``z [Cin*V, Nout*B]`` from ``x [B, Cin, Nin]``."""
     plan = SegmentSumPlan.from_derived(meta.derived(NAME, derive), "forward")
+    acc = _accumulation_dtype(x.dtype)  # widened in the copy below, z cannot overflow float16
     # [Cin*Nin, B], one copy: reshape could return a column-major view, ~30x slower to pick rows.
-    x_rows = x.permute(1, 2, 0).contiguous().view(meta.in_channels * meta.n_in, -1)
-    z_rows = segment_sum(x_rows, plan)  # [Cin*V*Nout, B]
+    x_rows = x.permute(1, 2, 0).to(acc, memory_format=torch.contiguous_format)
+    z_rows = segment_sum(x_rows.view(meta.in_channels * meta.n_in, -1), plan)  # [Cin*V*Nout, B]
     return z_rows.view(meta.in_channels * meta.v, -1)  # [Cin*V, Nout*B]
 
 
@@ -216,8 +217,10 @@ class GeneralOps:
         if z_rows.shape[0] <= FEW_COLUMNS:
             # A few rows: weight-bound GEMMs run twice as fast on contiguous rows; a tiny copy.
             z_rows = z_rows.contiguous()
-        y_rows = linear_rows(z_rows, weight, bias)  # [Nout*B, Cout]: the one GEMM
-        y = fovi_layout_empty(batch, c_out, meta.n_out, y_rows)  # [B, Cout, Nout]
+        acc = z_rows.dtype  # float32 for 16-bit x: the GEMM's inputs, rounded once at the end
+        bias = None if bias is None else bias.to(acc)
+        y_rows = linear_rows(z_rows, weight.to(acc), bias)  # [Nout*B, Cout]: the one GEMM
+        y = fovi_layout_empty(batch, c_out, meta.n_out, x)  # [B, Cout, Nout]
         # Rows come out ordered (node, batch); one copy puts them in (batch, node) order.
         y.transpose(1, 2).copy_(y_rows.view(meta.n_out, batch, c_out).transpose(0, 1))
         return y, z_rows
@@ -242,7 +245,6 @@ class GeneralOps:
     def grad_weight_of_operand(
         meta: KNNMeta, grad_y: torch.Tensor, z_rows: torch.Tensor
     ) -> torch.Tensor:
-        """``grad_y [B, Cout, Nout]``, the binned ``z_rows [Nout*B, Cin*V]`` ->
-        ``grad_weight [Cout, Cin*V]``."""
-        # One GEMM contracting nodes and batch together: [Cout, Nout*B] @ [Nout*B, Cin*V].
-        return _grad_y_node_major(grad_y) @ z_rows  # [Cout, Cin*V]
+        """``grad_y [B, Cout, Nout]``, the binned ``z_rows [Nout*B, Cin*V]`` (float32 for 16-bit
+        inputs) -> ``grad_weight [Cout, Cin*V]``: ONE GEMM ``[Cout, Nout*B] @ [Nout*B, Cin*V]``."""
+        return (_grad_y_node_major(grad_y).to(z_rows.dtype) @ z_rows).to(grad_y.dtype)
