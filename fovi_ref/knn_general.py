@@ -163,7 +163,8 @@ def _binned(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
     plan = SegmentSumPlan.from_derived(meta.derived(NAME, derive), "forward")
     acc = _accumulation_dtype(x.dtype)  # widened in the copy below, z cannot overflow float16
     # [Cin*Nin, B], one copy: reshape could return a column-major view, ~30x slower to pick rows.
-    x_rows = x.permute(1, 2, 0).to(acc, memory_format=torch.contiguous_format)
+    x_rows = x.new_empty(meta.in_channels, meta.n_in, x.shape[0], dtype=acc)  # [Cin, Nin, B]
+    x_rows.copy_(x.permute(1, 2, 0))
     z_rows = segment_sum(x_rows.view(meta.in_channels * meta.n_in, -1), plan)  # [Cin*V*Nout, B]
     return z_rows.view(meta.in_channels * meta.v, -1)  # [Cin*V, Nout*B]
 
