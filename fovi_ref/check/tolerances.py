@@ -343,8 +343,10 @@ def _ratios(value: torch.Tensor, expected: Expected, dtype: torch.dtype):
     v = value.detach().to(device=ref.device, dtype=torch.float64)
     bound = error_bound(expected, dtype).expand_as(ref)
     finite_ref, finite_v = torch.isfinite(ref), torch.isfinite(v)
-    # A finite ref may come back non-finite where its terms' magnitude reaches overflow.
-    threshold = torch.finfo(dtype).max * (1 + UNIT_ROUNDOFF[dtype])
+    # A finite ref may come back non-finite where its terms' magnitude reaches overflow: from
+    # max + half an ulp on (2^emax u) round-to-nearest gives inf (float16: 65504 + 16).
+    biggest = torch.finfo(dtype).max
+    threshold = biggest + math.ldexp(UNIT_ROUNDOFF[dtype], math.frexp(biggest)[1] - 1)
     may_overflow = finite_ref & (expected.magnitude.expand_as(ref) >= threshold)
     mismatches = int(((finite_ref != finite_v) & ~(may_overflow & ~finite_v)).sum())
     both = finite_ref & finite_v
