@@ -203,8 +203,7 @@ class GeneralOps:
     @staticmethod
     def forward(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
-        """``x [B, Cin, Nin]``, ``weight [Cout, Cin*V]``, ``bias [Cout]`` -> ``y [B, Cout, Nout]``
-        (fovi's layout)."""
+        """``x [B, Cin, Nin]``, ``weight``, ``bias`` -> ``y [B, Cout, Nout]`` (fovi's layout)."""
         return GeneralOps.forward_with_operand(meta, x, weight, bias)[0]
 
     @staticmethod
@@ -218,10 +217,8 @@ class GeneralOps:
         if z_rows.shape[0] <= FEW_COLUMNS:
             # A few rows: weight-bound GEMMs run twice as fast on contiguous rows; a tiny copy.
             z_rows = z_rows.contiguous()
-        acc = z_rows.dtype  # float32 for 16-bit x: the GEMM's inputs, rounded once at the end
-        bias = None if bias is None else bias.to(acc)
-        y_rows = linear_rows(z_rows, weight.to(acc), bias)  # [Nout*B, Cout]: the one GEMM
-        y = fovi_layout_empty(batch, c_out, meta.n_out, x)  # [B, Cout, Nout]
+        y_rows = linear_rows(z_rows, weight, bias)  # [Nout*B, Cout]: the one GEMM (float32 z)
+        y = fovi_layout_empty(batch, c_out, meta.n_out, x)  # [B, Cout, Nout], rounded once below
         # Rows come out ordered (node, batch); one copy puts them in (batch, node) order.
         y.transpose(1, 2).copy_(y_rows.view(meta.n_out, batch, c_out).transpose(0, 1))
         return y, z_rows

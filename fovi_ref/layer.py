@@ -6,11 +6,10 @@ runs every forward through :func:`fovi_ref.knn_conv`.
 
 **The layer owns its graph as buffers**: ``knn`` and ``rf_index`` persistent, the backend's
 derived data non-persistent (computed once per graph), so ``.to()``, ``deepcopy``, ``pickle``,
-``torch.save`` and compiled programs carry it; :attr:`KNNConv.meta` is a view.
-
-Change the graph with ``layer.meta = new_meta`` or a state dict, both validated before anything
-changes; assigning ``layer.knn`` raises. Editing the index buffers in place (through ``.data`` or
-numpy) is not supported, and no per-call check could detect it.
+``torch.save`` and compiled programs carry it; :attr:`KNNConv.meta` is a view. Change the graph
+with ``layer.meta = new_meta`` or a state dict, both validated before anything changes;
+assigning or registering ``layer.knn`` raises; editing the index buffers in place is not
+supported (no per-call check could see it).
 """
 
 from __future__ import annotations
@@ -90,9 +89,7 @@ class KNNConv(nn.Module):
         if not isinstance(meta, KNNMeta):
             raise TypeError(f"meta must be a fovi_ref.KNNMeta, got {type(meta).__name__}")
         self._check_compatible(meta)
-        self._set_graph(
-            meta.knn.to(self.knn.device), meta.rf_index.to(self.knn.device), self._backend
-        )
+        self._set_graph(*(t.to(self.knn.device) for t in (meta.knn, meta.rf_index)), self._backend)
 
     def _check_compatible(self, meta: KNNMeta) -> None:
         """A new graph must keep ``Nin``, ``Cin`` and ``V``, which the weight's shape depends on."""
@@ -140,10 +137,7 @@ class KNNConv(nn.Module):
         # Validate everything taken from the state dict first: a refused load changes nothing.
         keys = {name: prefix + name for name in _GRAPH}
         own = {key for key in state_dict if key.startswith(prefix)}
-        want = {
-            prefix + n
-            for n in (*_GRAPH, *(k for k, v in self._parameters.items() if v is not None))
-        }
+        want = {prefix + name for name in self.state_dict(keep_vars=True)}
         if strict and own != want:  # torch raises after the whole load; this layer loads nothing
             missing_keys += sorted(want - own)
             unexpected_keys += sorted(own - want)
@@ -166,8 +160,8 @@ class KNNConv(nn.Module):
             if key in state_dict and key in missing_keys:
                 missing_keys.remove(key)
         if new_graph is not None:
-            device = self.knn.device
-            self._set_graph(new_graph.knn.to(device), new_graph.rf_index.to(device), self._backend)
+            graph = (t.to(self.knn.device) for t in (new_graph.knn, new_graph.rf_index))
+            self._set_graph(*graph, self._backend)
 
     # ---------------------------------------------------------------------------- forward etc.
     @property

@@ -130,12 +130,9 @@ class KNNMeta:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"KNNMeta is immutable; build a new one instead of setting {name!r}")
 
-    def __reduce__(self):
-        # deepcopy and pickle: rebuild through `trusted`, carrying the derived data along.
-        return (
-            KNNMeta.trusted,
-            (self.knn, self.rf_index, self.n_in, self.in_channels, self.v, dict(self._derived)),
-        )
+    def __reduce__(self):  # deepcopy and pickle: through `trusted`, with the derived data
+        sizes = (self.n_in, self.in_channels, self.v)
+        return KNNMeta.trusted, (self.knn, self.rf_index, *sizes, dict(self._derived))
 
     # ----------------------------------------------------------------------------- builders
     @classmethod
