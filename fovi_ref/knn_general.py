@@ -106,8 +106,7 @@ def build_segment_sum_plan(dst: torch.Tensor, src: torch.Tensor, size: int) -> S
     return SegmentSumPlan(size, first, empty, rounds)
 
 
-def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float16/bfloat16 are summed in float32 and rounded once, as a GEMM kernel would."""
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:  # as a GEMM kernel's: 16 bits in 32
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 

@@ -165,13 +165,11 @@ class KNNConv(nn.Module):
 
     # ---------------------------------------------------------------------------- forward etc.
     @property
-    def _k(self) -> int:
-        """fovi's name for K."""
+    def _k(self) -> int:  # fovi's name for K
         return self.knn.shape[0]
 
     @property
-    def local_rf(self) -> torch.Tensor:
-        """fovi's one-hot cell assignment, ``[Nout, K, V]`` (built on demand)."""
+    def local_rf(self) -> torch.Tensor:  # fovi's one-hot cells [Nout, K, V], built on demand
         return self.meta.local_rf()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -187,6 +185,5 @@ class KNNConv(nn.Module):
 
 def _refuse_graph_buffer(layer: KNNConv, name: str) -> None:
     if name in _GRAPH and name in layer.__dict__.get("_buffers", {}):
-        raise AttributeError(f"assign a new graph with layer.meta = KNNMeta(...), not layer.{name} "
-                             "= ...: knn and rf_index change together and the derived data with "
-                             "them")  # fmt: skip
+        raise AttributeError(f"assign a new graph with layer.meta = KNNMeta(...), not layer.{name}:"
+                             " knn, rf_index and the derived data change together")  # fmt: skip
