@@ -144,3 +144,25 @@ def test_cuda_without_a_gpu_and_an_unwritable_out_are_refused_first(tmp_path, ca
         with pytest.raises(SystemExit):
             main(["--device", "cuda", "verify"])
         assert "no CUDA GPU is available here" in capsys.readouterr().err
+
+
+def test_an_interrupted_bench_keeps_the_old_set_whole(tmp_path):
+    """A SIGINT while the new files are written leaves the old bench.json/.csv/.png together."""
+    from fovi_ref.check.bench.layers import write_set
+
+    for name in ("bench.png", "bench.csv", "bench.json"):
+        (tmp_path / name).write_text(f"old {name}")
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    writers = {"bench.png": interrupted, "bench.csv": lambda p: p.write_text("new"),
+               "bench.json": lambda p: p.write_text("new")}  # fmt: skip
+    for order in (writers, dict(reversed(writers.items()))):
+        with pytest.raises(KeyboardInterrupt):
+            write_set(tmp_path, order)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.csv", "bench.json",
+                                                              "bench.png"]  # fmt: skip
+        assert all(p.read_text() == f"old {p.name}" for p in tmp_path.iterdir())
+    write_set(tmp_path, {n: (lambda p: p.write_text("new")) for n in writers})
+    assert all(p.read_text() == "new" for p in tmp_path.iterdir())
