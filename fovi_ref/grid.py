@@ -33,8 +33,7 @@ def conv2d_grid_meta(height: int, width: int, *, kernel_size: int, stride: int =
     for name, value, low in [*((n, v, 1) for n, v in sizes.items()), ("padding", padding, 0)]:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    h_out = (height + 2 * padding - kernel_size) // stride + 1
-    w_out = (width + 2 * padding - kernel_size) // stride + 1
+    h_out, w_out = ((side + 2 * padding - kernel_size) // stride + 1 for side in (height, width))
     if h_out < 1 or w_out < 1:
         kernel = f"a {kernel_size}x{kernel_size} kernel with padding {padding}"
         raise ValueError(f"{kernel} does not fit a {height}x{width} grid")
@@ -50,8 +49,7 @@ def conv2d_grid_meta(height: int, width: int, *, kernel_size: int, stride: int =
     k = kernel_size * kernel_size
     knn = node.reshape(h_out * w_out, k).t()  # [K, Nout]
     rf_index = torch.arange(k).expand(h_out * w_out, k)  # [Nout, K]: tap k is cell k
-    meta = KNNMeta.from_knn(knn, rf_index, n_in=n_in, in_channels=in_channels, v=k)
-    return meta.to(device)
+    return KNNMeta.from_knn(knn, rf_index, n_in=n_in, in_channels=in_channels, v=k).to(device)
 
 
 def square_grid_for(n_out: int) -> tuple[int, int]:

@@ -69,9 +69,9 @@ def prepare(meta: KNNMeta, backend: str | None = None) -> KNNMeta:
 
 
 # ------------------------------------------------------------------------------ argument checks
-def _check_call(x, weight, bias, meta, backend, autocast: bool) -> Any:
+def _check_call(x, weight, bias, meta, backend) -> Any:
     """Validate a call from shapes, dtypes and devices (no values: it runs while compiling);
-    return the backend. Under ``autocast`` float dtypes may differ (all are cast)."""
+    return the backend."""
     if not isinstance(meta, KNNMeta):
         raise TypeError(f"meta must be a fovi_ref.KNNMeta, got {type(meta).__name__}")
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
@@ -92,8 +92,7 @@ def _check_call(x, weight, bias, meta, backend, autocast: bool) -> Any:
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
         raise ValueError(f"bias must be [Cout = {weight.shape[0]}], got {tuple(bias.shape)}")
     for name, t in (("weight", weight), ("bias", bias), ("meta", meta)):
-        mixed = name != "meta" and t is not None and t.dtype != x.dtype
-        if mixed and not (autocast and t.dtype in DTYPES.values()):
+        if name != "meta" and t is not None and t.dtype != x.dtype:
             raise TypeError(f"{name} dtype {t.dtype} differs from x dtype {x.dtype}")
         if t is not None and t.device != x.device:
             hint = " (meta.to(device))" if name == "meta" else ""
@@ -141,6 +140,7 @@ class _KNNConvFunction(torch.autograd.Function):
         return *grads, None, None
 
 
+_CASTS = (torch.float32, torch.float16, torch.bfloat16)  # what autocast casts; float64 stays
 _FIRST_ORDER_ONLY = "knn_conv is first-order only: its gradients are not differentiable"
 
 
@@ -234,11 +234,12 @@ def knn_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, m
     a registered name, or (eager) any object following the protocol; ``None`` asks :func:`route`.
     Differentiable (first order); ``TypeError``/``ValueError`` name a bad argument up front."""
     cast = isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type)
-    ops = _check_call(x, weight, bias, meta, backend, cast)
-    if cast:  # as F.linear: compute in the autocast dtype
-        dtype = torch.get_autocast_dtype(x.device.type)
-        x, weight = x.to(dtype), weight.to(dtype)
-        bias = None if bias is None else bias.to(dtype)
+    if cast:  # autocast's rule, as for F.linear: floating tensors but float64 to its dtype
+        to = torch.get_autocast_dtype(x.device.type)
+        x, weight, bias = (
+            t.to(to) if getattr(t, "dtype", 0) in _CASTS else t for t in (x, weight, bias)
+        )
+    ops = _check_call(x, weight, bias, meta, backend)
     if not torch.compiler.is_compiling():
         if not cast:
             return _KNNConvFunction.apply(x, weight, bias, meta, ops)

@@ -128,8 +128,7 @@ class GatherGemmOps:
     @staticmethod
     def forward(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
-        """``x [B, Cin, Nin]``, ``weight [Cout, Cin]``, ``bias [Cout]`` -> ``y [B, Cout, Nout]``
-        (fovi's layout)."""
+        """``x [B, Cin, Nin]``, ``weight``, ``bias`` -> ``y [B, Cout, Nout]`` (fovi's layout)."""
         return GatherGemmOps.forward_with_operand(meta, x, weight, bias)[0]
 
     @staticmethod
@@ -169,8 +168,7 @@ class GatherGemmOps:
     def grad_weight_of_operand(
         meta: KNNMeta, grad_y: torch.Tensor, x_rows: torch.Tensor
     ) -> torch.Tensor:
-        """``grad_y [B, Cout, Nout]``, the gathered ``x_rows [B*Nout, Cin]`` ->
-        ``grad_weight [Cout, Cin]``."""
+        """``grad_y [B, Cout, Nout]``, the gathered ``x_rows [B*Nout, Cin]`` -> ``[Cout, Cin]``."""
         # One GEMM over batch and nodes, [Cout, B*Nout] @ [B*Nout, Cin]: in this orientation MKL
         # does not split the sum between threads (tests/test_ordinary_use.py).
         return _grad_y_columns(grad_y) @ x_rows  # [Cout, Cin]

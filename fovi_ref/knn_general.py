@@ -106,8 +106,7 @@ def build_segment_sum_plan(dst: torch.Tensor, src: torch.Tensor, size: int) -> S
     return SegmentSumPlan(size, first, empty, rounds)
 
 
-def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float16/bfloat16 are summed in float32 and rounded once, as a GEMM kernel would."""
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:  # as a GEMM kernel's: 16 bits in 32
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
@@ -161,9 +160,11 @@ def derive(meta: KNNMeta) -> Derived:
 def _binned(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
     """Step 1: ``z [Cin*V, Nout*B]`` from ``x [B, Cin, Nin]``."""
     plan = SegmentSumPlan.from_derived(meta.derived(NAME, derive), "forward")
+    acc = _accumulation_dtype(x.dtype)  # widened in the copy below, z cannot overflow float16
     # [Cin*Nin, B], one copy: reshape could return a column-major view, ~30x slower to pick rows.
-    x_rows = x.permute(1, 2, 0).contiguous().view(meta.in_channels * meta.n_in, -1)
-    z_rows = segment_sum(x_rows, plan)  # [Cin*V*Nout, B]
+    x_rows = x.new_empty(meta.in_channels, meta.n_in, x.shape[0], dtype=acc)  # [Cin, Nin, B]
+    x_rows.copy_(x.permute(1, 2, 0))
+    z_rows = segment_sum(x_rows.view(meta.in_channels * meta.n_in, -1), plan)  # [Cin*V*Nout, B]
     return z_rows.view(meta.in_channels * meta.v, -1)  # [Cin*V, Nout*B]
 
 
@@ -201,8 +202,7 @@ class GeneralOps:
     @staticmethod
     def forward(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
-        """``x [B, Cin, Nin]``, ``weight [Cout, Cin*V]``, ``bias [Cout]`` -> ``y [B, Cout, Nout]``
-        (fovi's layout)."""
+        """``x [B, Cin, Nin]``, ``weight``, ``bias`` -> ``y [B, Cout, Nout]`` (fovi's layout)."""
         return GeneralOps.forward_with_operand(meta, x, weight, bias)[0]
 
     @staticmethod
@@ -216,8 +216,8 @@ class GeneralOps:
         if z_rows.shape[0] <= FEW_COLUMNS:
             # A few rows: weight-bound GEMMs run twice as fast on contiguous rows; a tiny copy.
             z_rows = z_rows.contiguous()
-        y_rows = linear_rows(z_rows, weight, bias)  # [Nout*B, Cout]: the one GEMM
-        y = fovi_layout_empty(batch, c_out, meta.n_out, y_rows)  # [B, Cout, Nout]
+        y_rows = linear_rows(z_rows, weight, bias)  # [Nout*B, Cout]: the one GEMM (float32 z)
+        y = fovi_layout_empty(batch, c_out, meta.n_out, x)  # [B, Cout, Nout], rounded once below
         # Rows come out ordered (node, batch); one copy puts them in (batch, node) order.
         y.transpose(1, 2).copy_(y_rows.view(meta.n_out, batch, c_out).transpose(0, 1))
         return y, z_rows
@@ -242,7 +242,6 @@ class GeneralOps:
     def grad_weight_of_operand(
         meta: KNNMeta, grad_y: torch.Tensor, z_rows: torch.Tensor
     ) -> torch.Tensor:
-        """``grad_y [B, Cout, Nout]``, the binned ``z_rows [Nout*B, Cin*V]`` ->
-        ``grad_weight [Cout, Cin*V]``."""
-        # One GEMM contracting nodes and batch together: [Cout, Nout*B] @ [Nout*B, Cin*V].
-        return _grad_y_node_major(grad_y) @ z_rows  # [Cout, Cin*V]
+        """``grad_y [B, Cout, Nout]``, the binned ``z_rows [Nout*B, Cin*V]`` (float32 for 16-bit
+        inputs) -> ``grad_weight [Cout, Cin*V]``: ONE GEMM ``[Cout, Nout*B] @ [Nout*B, Cin*V]``."""
+        return (_grad_y_node_major(grad_y).to(z_rows.dtype) @ z_rows).to(grad_y.dtype)

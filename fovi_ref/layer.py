@@ -6,11 +6,10 @@ runs every forward through :func:`fovi_ref.knn_conv`.
 
 **The layer owns its graph as buffers**: ``knn`` and ``rf_index`` persistent, the backend's
 derived data non-persistent (computed once per graph), so ``.to()``, ``deepcopy``, ``pickle``,
-``torch.save`` and compiled programs carry it; :attr:`KNNConv.meta` is a view.
-
-Change the graph with ``layer.meta = new_meta`` or a state dict, both validated before anything
-changes; assigning ``layer.knn`` raises. Editing the index buffers in place (through ``.data`` or
-numpy) is not supported, and no per-call check could detect it.
+``torch.save`` and compiled programs carry it; :attr:`KNNConv.meta` is a view. Change the graph
+with ``layer.meta = new_meta`` or a state dict, both validated before anything changes;
+assigning or registering ``layer.knn`` raises; editing the index buffers in place is not
+supported (no per-call check could see it).
 """
 
 from __future__ import annotations
@@ -57,11 +56,11 @@ class KNNConv(nn.Module):
         self.in_channels = in_channels
         self.out_channels = out_channels
         self._n_in, self._v = meta.n_in, meta.v
-        self._backend = None if backend is None else get_ops(backend).name
         self._derived_names: dict[str, str] = {}  # derived key -> buffer name
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels * meta.v))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
-        self._set_graph(meta.knn.clone(), meta.rf_index.clone())  # a private copy
+        forced = None if backend is None else get_ops(backend).name
+        self._set_graph(meta.knn.clone(), meta.rf_index.clone(), forced)  # a private copy
         nn.init.kaiming_normal_(self.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
@@ -74,8 +73,7 @@ class KNNConv(nn.Module):
 
     @backend.setter
     def backend(self, name: str | None) -> None:
-        self._backend = None if name is None else get_ops(name).name
-        self._set_graph(self.knn, self.rf_index)
+        self._set_graph(self.knn, self.rf_index, None if name is None else get_ops(name).name)
 
     @property
     def meta(self) -> KNNMeta:
@@ -83,16 +81,15 @@ class KNNConv(nn.Module):
         buffers = self._buffers
         derived = {key: buffers[name] for key, name in self._derived_names.items()}
         sizes = (self._n_in, self.in_channels, self._v)
-        graph = (buffers["knn"], buffers["rf_index"])
-        return KNNMeta.trusted(*graph, *sizes, {self._derived_backend: derived})
+        graph = (buffers["knn"], buffers["rf_index"])  # none derived: the backend derives
+        return KNNMeta.trusted(*graph, *sizes, {self._derived_backend: derived} if derived else {})
 
     @meta.setter
     def meta(self, meta: KNNMeta) -> None:
         if not isinstance(meta, KNNMeta):
             raise TypeError(f"meta must be a fovi_ref.KNNMeta, got {type(meta).__name__}")
         self._check_compatible(meta)
-        device = self.knn.device
-        self._set_graph(meta.knn.to(device), meta.rf_index.to(device))
+        self._set_graph(*(t.to(self.knn.device) for t in (meta.knn, meta.rf_index)), self._backend)
 
     def _check_compatible(self, meta: KNNMeta) -> None:
         """A new graph must keep ``Nin``, ``Cin`` and ``V``, which the weight's shape depends on."""
@@ -102,27 +99,30 @@ class KNNConv(nn.Module):
                              f"{(meta.n_in, meta.in_channels, meta.v)} (build a new KNNConv "
                              "instead)")  # fmt: skip
 
-    def _set_graph(self, knn: torch.Tensor, rf_index: torch.Tensor) -> None:
-        """Validate ``(knn, rf_index)`` as the graph buffers; derive the backend data as buffers."""
+    def _set_graph(self, knn: torch.Tensor, rf_index: torch.Tensor, forced: str | None) -> None:
+        """Validate ``(knn, rf_index)`` and derive the data of ``forced`` (``None``: the routed
+        backend) first; then replace graph, derived buffers and forced backend together."""
         meta = KNNMeta(knn, rf_index, self._n_in, self.in_channels, self._v)
-        backend = self._backend or route(meta)
+        backend = forced or route(meta)
         derived = derive_for(meta, backend)
+        names = {key: "derived_" + key.replace(".", "_") for key in derived}
+        if len(set(names.values())) < len(names):
+            raise ValueError(f"backend {backend!r}: derive() keys {sorted(names)} collide as "
+                             "buffer names (a '.' reads as '_')")  # fmt: skip
         for name in self._derived_names.values():
             del self._buffers[name]
-        self._derived_names = {}
-        for key, tensor in derived.items():
-            name = "derived_" + key.replace(".", "_")
-            self.register_buffer(name, tensor, persistent=False)
-            self._derived_names[key] = name
-        self._derived_backend = backend
+        for key, name in names.items():
+            self.register_buffer(name, derived[key], persistent=False)
+        self._derived_names, self._derived_backend, self._backend = names, backend, forced
         self._buffers["knn"], self._buffers["rf_index"] = meta.knn, meta.rf_index
 
     def __setattr__(self, name, value):
-        if name in _GRAPH and name in self.__dict__.get("_buffers", {}):
-            raise AttributeError(f"assign a new graph with layer.meta = KNNMeta(...), not "
-                                 f"layer.{name} = ...: knn and rf_index change together and the "
-                                 "derived data with them")  # fmt: skip
+        _refuse_graph_buffer(self, name)
         super().__setattr__(name, value)
+
+    def register_buffer(self, name, tensor, persistent=True):
+        _refuse_graph_buffer(self, name)
+        super().register_buffer(name, tensor, persistent)
 
     # ------------------------------------------------------------------- nn.Module integration
     def _apply(self, fn, recurse=True):
@@ -136,6 +136,12 @@ class KNNConv(nn.Module):
     ):
         # Validate everything taken from the state dict first: a refused load changes nothing.
         keys = {name: prefix + name for name in _GRAPH}
+        own = {key for key in state_dict if key.startswith(prefix)}
+        want = {prefix + name for name in self.state_dict(keep_vars=True)}
+        if strict and own != want:  # torch raises after the whole load; this layer loads nothing
+            missing_keys += sorted(want - own)
+            unexpected_keys += sorted(own - want)
+            return
         new_graph = None
         if any(key in state_dict for key in keys.values()):
             knn = state_dict.get(keys["knn"], self.knn)
@@ -154,18 +160,16 @@ class KNNConv(nn.Module):
             if key in state_dict and key in missing_keys:
                 missing_keys.remove(key)
         if new_graph is not None:
-            device = self.knn.device
-            self._set_graph(new_graph.knn.to(device), new_graph.rf_index.to(device))
+            graph = (t.to(self.knn.device) for t in (new_graph.knn, new_graph.rf_index))
+            self._set_graph(*graph, self._backend)
 
     # ---------------------------------------------------------------------------- forward etc.
     @property
-    def _k(self) -> int:
-        """fovi's name for K."""
+    def _k(self) -> int:  # fovi's name for K
         return self.knn.shape[0]
 
     @property
-    def local_rf(self) -> torch.Tensor:
-        """fovi's one-hot cell assignment, ``[Nout, K, V]`` (built on demand)."""
+    def local_rf(self) -> torch.Tensor:  # fovi's one-hot cells [Nout, K, V], built on demand
         return self.meta.local_rf()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -177,3 +181,9 @@ class KNNConv(nn.Module):
         sizes = f"{self.in_channels}, {self.out_channels}, k={k}, v={self._v}, n_in={self._n_in}"
         backend = self._backend or "auto"
         return f"{sizes}, n_out={n_out}, bias={self.bias is not None}, backend={backend}"
+
+
+def _refuse_graph_buffer(layer: KNNConv, name: str) -> None:
+    if name in _GRAPH and name in layer.__dict__.get("_buffers", {}):
+        raise AttributeError(f"assign a new graph with layer.meta = KNNMeta(...), not layer.{name}:"
+                             " knn, rf_index and the derived data change together")  # fmt: skip

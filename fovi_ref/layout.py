@@ -20,9 +20,10 @@ __all__ = ["fovi_layout_empty", "linear_rows", "y_from_rows"]
 
 def linear_rows(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """``bias + rows @ weight^T``: ``[M, F] -> [M, Cout]`` in ONE GEMM, bias rounded with it."""
+    weight = weight.to(rows.dtype)  # float16 rows come as float32: the GEMM's inputs, widened
     if bias is None:
         return rows @ weight.t()  # [M, Cout]
-    return torch.addmm(bias, rows, weight.t())  # [M, Cout]
+    return torch.addmm(bias.to(rows.dtype), rows, weight.t())  # [M, Cout]
 
 
 def y_from_rows(y_rows: torch.Tensor, batch: int, n_out: int) -> torch.Tensor:

@@ -130,12 +130,9 @@ class KNNMeta:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"KNNMeta is immutable; build a new one instead of setting {name!r}")
 
-    def __reduce__(self):
-        # deepcopy and pickle: rebuild through `trusted`, carrying the derived data along.
-        return (
-            KNNMeta.trusted,
-            (self.knn, self.rf_index, self.n_in, self.in_channels, self.v, dict(self._derived)),
-        )
+    def __reduce__(self):  # deepcopy and pickle: through `trusted`, with the derived data
+        sizes = (self.n_in, self.in_channels, self.v)
+        return KNNMeta.trusted, (self.knn, self.rf_index, *sizes, dict(self._derived))
 
     # ----------------------------------------------------------------------------- builders
     @classmethod
@@ -169,8 +166,7 @@ class KNNMeta:
             raise ValueError(f"local_rf must be one-hot along its last axis; local_rf[{n}, {k}, :] "
                              f"has {int(per_row[n, k])} ones")  # fmt: skip
         rf_index = ones.to(torch.uint8).argmax(dim=2)  # [Nout, K]
-        v = int(local_rf.shape[2])
-        return cls.from_knn(knn, rf_index, n_in=n_in, in_channels=in_channels, v=v)
+        return cls(knn, rf_index, n_in, in_channels, int(local_rf.shape[2]))
 
     @classmethod
     def from_layer(cls, layer: Any, in_channels: int | None = None) -> KNNMeta:
@@ -197,18 +193,16 @@ class KNNMeta:
             knn = knn.clamp(max=n_in)  # fovi numbers pad coordinates n_in, n_in+1, ...
         else:
             raise TypeError(f"layer ({what}) has neither knn_indices_pad_token nor knn_indices")
-        if not hasattr(layer, "local_rf"):
-            raise TypeError(f"layer ({what}) has no local_rf")
-        if not isinstance(layer.local_rf, torch.Tensor):
-            raise TypeError(
-                f"layer.local_rf must be a torch.Tensor, got {type(layer.local_rf).__name__}"
-            )
+        if not isinstance(local_rf := getattr(layer, "local_rf", None), torch.Tensor):
+            got = "no local_rf" if local_rf is None else type(local_rf).__name__
+            raise TypeError(f"layer.local_rf must be a torch.Tensor, got {got} ({what})")
         if in_channels is None:
             if not hasattr(layer, "in_channels"):
                 raise TypeError(f"layer ({what}) has no in_channels; pass in_channels=")
             in_channels = check_int("layer.in_channels", layer.in_channels, low=1)
-        local_rf = layer.local_rf.detach()
-        return cls.from_local_rf(knn.detach(), local_rf, n_in=n_in, in_channels=in_channels)
+        return cls.from_local_rf(
+            knn.detach(), local_rf.detach(), n_in=n_in, in_channels=in_channels
+        )
 
     # --------------------------------------------------------------------------- derived
     @property

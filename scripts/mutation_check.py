@@ -127,6 +127,21 @@ class Mutant:
         return meta if how is None else self._doctored(meta, how)
 
     def forward(self, meta, x, weight, bias):
+        if self.kind == "noncontiguous_x" and not x.is_contiguous():
+            self.applied = True  # reads x's storage as if it were [B, Cin, Nin] contiguous
+            x = x.transpose(1, 2).contiguous().view(x.shape)
+        if self.kind == "bias_none" and bias is None:
+            self.applied = True  # a missing bias read as ones
+            bias = weight.new_ones(weight.shape[0])
+        if self.kind == "float32_output" and x.dtype in (torch.float16, torch.bfloat16):
+            self.applied = True
+            b = None if bias is None else bias.float()
+            return self.inner.forward(meta, x.float(), weight.float(), b)
+        if self.kind == "wrong_past_batch_3" and x.shape[0] > 3:
+            self.applied = True  # samples past the third get the third's output
+            y = self.inner.forward(meta, x, weight, bias).clone()
+            y[3:] = y[2:3]
+            return y
         if self.kind == "accumulate_in_dtype" and meta.k > 1:
             self.applied = True
             y = self.inner.forward(only_slot(meta, 0), x, weight, bias)
@@ -160,6 +175,10 @@ MUTATIONS = {
     "grad_x_rolled": "grad_x rolled by one input",
     "gradient_moved": "one entry's gradient goes to the next input",
     "accumulate_in_dtype": "y sums its K slots in the storage dtype",
+    "noncontiguous_x": "a non-contiguous x is read as if contiguous",
+    "bias_none": "bias=None is read as a bias of ones",
+    "float32_output": "y comes back float32 for float16/bfloat16 inputs",
+    "wrong_past_batch_3": "samples past the third get the third's output",
 }
 
 

@@ -572,3 +572,13 @@ def test_fovis_graphs_built_under_another_arithmetic_differ_only_on_ties(finding
 def test_machine_finding_refuses_an_unknown_setting():
     with pytest.raises(KeyError, match="known: as is"):
         upstream.machine_finding("as is", "nonsense")
+
+
+def test_verify_fovi_reports_fovis_float16_overflow_where_the_answer_is_finite():
+    """fovi 2.4.0's einsum paths store a cell's float16 sum (80000: inf) before the GEMM; the
+    answer (800) is finite, and fovi_ref's ``general`` gives it."""
+    finding = upstream.overflow_finding()
+    assert {"baseline", "torch_scatter"} <= set(finding.overflowing)
+    assert "fovi_ref general" not in finding.overflowing
+    assert abs(finding.results["fovi_ref general"] - finding.exact) <= 2**-11 * finding.exact
+    assert "inf where the answer is finite" in finding.summary()

@@ -167,3 +167,106 @@ def test_loading_another_graph_rederives_and_keys_are_strict():
     del state["knn"]
     result = b.load_state_dict(state, strict=False)
     assert result.missing_keys == ["knn"]
+
+
+# -------------------------------------------------- state that never disagrees with itself
+def _snapshot(layer):
+    return {k: v.clone() for k, v in layer.state_dict().items()}, layer.backend, layer.meta
+
+
+def _unchanged(layer, before):
+    state, backend, meta = before
+    now = layer.state_dict()
+    assert state.keys() == now.keys() and all(torch.equal(state[k], now[k]) for k in state)
+    assert layer.backend == backend and layer.meta.same_graph(meta)
+
+
+def test_a_refused_backend_changes_nothing():
+    layer = KNNConv(3, 4, random_meta(2, 4))
+    before = _snapshot(layer)
+    with pytest.raises(ValueError):
+        layer.backend = "gather_gemm"  # K = 2: gather_gemm does not apply
+    _unchanged(layer, before)
+    layer.load_state_dict(layer.state_dict())  # still works
+    layer.meta = layer.meta
+    x = torch.randn(2, 3, layer.meta.n_in)
+    torch.testing.assert_close(layer(x), knn_conv(x, layer.weight, layer.bias, layer.meta))
+
+
+@pytest.mark.parametrize("change", ["unexpected", "missing"])
+def test_a_strict_load_refused_for_a_key_changes_nothing(change):
+    layer = KNNConv(3, 4, random_meta(2, 4))
+    other = KNNConv(3, 4, random_meta(2, 4, seed=1))
+    state = other.state_dict()
+    if change == "unexpected":
+        state["extra"] = torch.zeros(1)
+    else:
+        del state["bias"]
+    before = _snapshot(layer)
+    with pytest.raises(RuntimeError, match="Unexpected key|Missing key"):
+        layer.load_state_dict(state)
+    _unchanged(layer, before)
+
+
+def test_register_buffer_cannot_replace_the_graph():
+    layer = KNNConv(3, 4, random_meta(2, 4))
+    before = _snapshot(layer)
+    with pytest.raises(AttributeError, match="layer.meta = KNNMeta"):
+        layer.register_buffer("knn", torch.full_like(layer.knn, 99))
+    _unchanged(layer, before)
+
+
+class _CollidingDerive:
+    name = "colliding_derive"
+
+    @staticmethod
+    def derive(meta):
+        return {"s.a": torch.zeros(1), "s_a": torch.ones(1)}
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        scale = meta.derived("colliding_derive", _CollidingDerive.derive)["s_a"]
+        return knn_conv(x, weight * scale, bias, meta)
+
+    grad_input = grad_weight = None
+
+
+def test_derived_keys_that_collide_as_buffer_names_are_refused():
+    from fovi_ref import register_ops, unregister_ops
+
+    register_ops(_CollidingDerive)
+    try:
+        layer = KNNConv(3, 4, random_meta(2, 4))
+        before = _snapshot(layer)
+        with pytest.raises(ValueError, match="'colliding_derive'.*collide"):
+            layer.backend = "colliding_derive"
+        _unchanged(layer, before)
+    finally:
+        unregister_ops("colliding_derive")
+
+
+def test_a_builtin_overridden_without_derive_and_restored_still_runs():
+    from fovi_ref import get_ops, register_ops, unregister_ops
+
+    general = get_ops("general")
+
+    class NoDerive:
+        name = "general"
+        grad_input = grad_weight = None
+
+        @staticmethod
+        def forward(meta, x, w, b):
+            return knn_conv(x, w, b, meta, backend="einsum_baseline")
+
+    layer = KNNConv(3, 4, random_meta(2, 4))
+    x = torch.randn(2, 3, layer.meta.n_in)
+    expected = layer(x)
+    unregister_ops("general")
+    register_ops(NoDerive)
+    try:
+        layer.meta = layer.meta  # derived afresh by the override: nothing
+        torch.testing.assert_close(layer(x), expected)
+    finally:
+        unregister_ops("general")
+        register_ops(general)
+    torch.testing.assert_close(layer(x), expected)

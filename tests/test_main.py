@@ -115,3 +115,54 @@ def test_batch_scaling_prints_a_row_per_graph_and_batch(capsys):
     missed = row.count("!")
     assert verdict.endswith(f"{5 - missed} of 5 cells meet the target")
     assert all(len(line) <= 100 for line in lines)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["verify", "--batch", "0"], "--batch: must be at least 1, got 0"),
+    (["verify", "--batch", "-1"], "--batch: must be at least 1, got -1"),
+    (["bench", "--batch", "0"], "--batch: must be at least 1, got 0"),
+    (["bench", "--batch-general", "0"], "--batch-general: must be at least 1"),
+    (["bench", "--repeats", "0"], "--repeats: must be at least 1, got 0"),
+    (["--device", "nonsense", "verify"], "not a torch device: 'nonsense'"),
+    (["verify", "--device", "meta"], "choose cpu or cuda"),
+    (["verify", "--layers", "bogus"], "--layers: unknown layer 'bogus'"),
+])  # fmt: skip
+def test_sizes_below_one_and_bad_options_are_argparse_errors(args, message, capsys):
+    """Refused before anything runs (a batch of 0 printed "9 passed" and exited 0)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cuda_without_a_gpu_and_an_unwritable_out_are_refused_first(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit):
+        main(["--out", str(blocker / "sub"), "verify", "--layers", "layer4.1.conv1"])
+    assert "cannot write there" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            main(["--device", "cuda", "verify"])
+        assert "no CUDA GPU is available here" in capsys.readouterr().err
+
+
+def test_an_interrupted_bench_keeps_the_old_set_whole(tmp_path):
+    """A SIGINT while the new files are written leaves the old bench.json/.csv/.png together."""
+    from fovi_ref.check.bench.layers import write_set
+
+    for name in ("bench.png", "bench.csv", "bench.json"):
+        (tmp_path / name).write_text(f"old {name}")
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    writers = {"bench.png": interrupted, "bench.csv": lambda p: p.write_text("new"),
+               "bench.json": lambda p: p.write_text("new")}  # fmt: skip
+    for order in (writers, dict(reversed(writers.items()))):
+        with pytest.raises(KeyboardInterrupt):
+            write_set(tmp_path, order)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.csv", "bench.json",
+                                                              "bench.png"]  # fmt: skip
+        assert all(p.read_text() == f"old {p.name}" for p in tmp_path.iterdir())
+    write_set(tmp_path, {n: (lambda p: p.write_text("new")) for n in writers})
+    assert all(p.read_text() == "new" for p in tmp_path.iterdir())

@@ -156,6 +156,18 @@ def test_autocast_eager_and_compiled_agree_on_dtype():
         assert compiled(x).dtype == model(x).dtype
 
 
+def test_autocast_leaves_float64_alone_as_for_f_linear_eager_and_compiled():
+    """Autocast casts float32/float16 tensors and leaves float64 ones alone (F.linear's rule)."""
+    torch._dynamo.reset()
+    conv = KNNConv(3, 5, random_meta(4, 4)).double()
+    compiled = torch.compile(conv, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 3, 30, dtype=torch.float64)
+    plain = conv(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert F.linear(x[0].t(), torch.randn(5, 3, dtype=torch.float64)).dtype == torch.float64
+        assert torch.equal(conv(x), plain) and torch.equal(compiled(x), plain)
+
+
 def test_a_mixed_model_trains_under_bfloat16_autocast():
     torch.manual_seed(0)
     meta = random_meta(4, 4, n_in=30, n_out=20, in_channels=8)

@@ -154,3 +154,58 @@ def test_backends_round_the_bias_once(name):
     report = check_ops(name, graphs=FAST, dtypes=LOW, bias_rounding="fused",
                        checks=("oracle", "cancellation"))  # fmt: skip
     assert report.ok, report.table(report.failures)
+
+
+class CallingConventionBug:
+    """``general`` with one planted bug that only a caller's unusual operands reveal."""
+
+    def __init__(self, kind):
+        self.name, self.kind, self.inner = f"planted_{kind}", kind, get_ops("general")
+
+    def forward(self, meta, x, weight, bias):
+        if self.kind == "noncontiguous_x" and not x.is_contiguous():
+            x = x.transpose(1, 2).contiguous().view(x.shape)  # storage read as contiguous
+        if self.kind == "bias_none" and bias is None:
+            bias = weight.new_ones(weight.shape[0])
+        y = self.inner.forward(meta, x, weight, bias)
+        if self.kind == "past_batch_3" and x.shape[0] > 3:
+            y = y.clone()
+            y[3:] = y[2:3]
+        return y
+
+    def grad_input(self, meta, grad_y, weight):
+        if self.kind == "noncontiguous_grad_y" and not grad_y.is_contiguous():
+            grad_y = grad_y.contiguous().transpose(1, 2).reshape(grad_y.shape)
+        return self.inner.grad_input(meta, grad_y, weight)
+
+    def grad_weight(self, meta, grad_y, x):
+        return self.inner.grad_weight(meta, grad_y, x)
+
+
+@pytest.mark.parametrize("kind", ["noncontiguous_x", "bias_none", "past_batch_3",
+                                  "noncontiguous_grad_y"])  # fmt: skip
+def test_the_battery_catches_bugs_of_layout_bias_none_and_batch(kind):
+    report = check_ops(CallingConventionBug(kind), graphs=["random"],
+                       dtypes=(torch.float32,), checks=("oracle", "variants"))  # fmt: skip
+    assert not report.ok
+    assert {r.check for r in report.failures} == {"variants"}
+
+
+def test_a_result_in_another_dtype_fails_the_rule():
+    from fovi_ref.check.check_ops import random_meta
+    from fovi_ref.check.operands import forward_and_grads, sample_operands
+    from fovi_ref.check.tolerances import expected_quantities, judge_elementwise
+
+    meta = random_meta(2, 4)
+    x, w, b, gy = sample_operands(meta, 3, batch=2, dtype=torch.float16)
+    y = forward_and_grads(x.float(), w.float(), b.float(), meta, None, "general")[0]
+    expected = expected_quantities(x, w, b, meta, gy)["y"]
+    verdict = judge_elementwise(y, expected, dtype=torch.float16)
+    assert not verdict.ok and "returned float32" in verdict.notes
+    assert judge_elementwise(y, expected, dtype=torch.float16, any_dtype=True).ok
+
+
+@pytest.mark.parametrize("empty", [dict(dtypes=()), dict(graphs=[]), dict(checks=())])
+def test_an_empty_battery_raises(empty):
+    with pytest.raises(ValueError, match="empty battery"):
+        check_ops("general", **{"graphs": ["random"], **empty})

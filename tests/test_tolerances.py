@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from conftest import FUSED_BIAS_BACKENDS
 
-from fovi_ref import KNNMeta, get_ops
+from fovi_ref import KNNMeta, get_ops, knn_conv
 from fovi_ref.check.check_ops import random_meta
 from fovi_ref.check.magnitude import (
     knn_conv_magnitude,
@@ -366,3 +366,21 @@ def test_verdict_reports_the_returned_dtype_and_the_baseline():
     bound = error_bound(expected, torch.float64).expand_as(expected.value)
     assert bool((bound[expected.terms > 0] > 0).all())  # zero only where there is no term
     assert bool((bound[expected.terms == 0] == 0).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_a_sum_just_above_the_largest_finite_value_may_round_to_inf(dtype):
+    """max + half an ulp is finite in float64 but rounds to inf in ``dtype`` (a tie, to even):
+    the correct result is inf and the rule accepts it; half an ulp less stays finite."""
+    biggest = torch.finfo(dtype).max
+    half_ulp = math.ldexp(UNIT_ROUNDOFF[dtype], math.frexp(biggest)[1] - 1)
+    # Two neighbours in two cells: nothing is binned, y = x0 + x1 in one GEMM.
+    meta = KNNMeta.from_knn(torch.tensor([[0], [1]]), torch.tensor([[0, 1]]), n_in=2,
+                            in_channels=1, v=2)  # fmt: skip
+    w = torch.ones(1, 2, dtype=dtype)
+    for small, finite in ((half_ulp, False), (half_ulp / 2, True)):
+        x = torch.tensor([[[biggest, small]]], dtype=dtype)
+        expected = expected_quantities(x, w, None, meta, torch.ones(1, 1, 1, dtype=dtype))["y"]
+        y = knn_conv(x, w, None, meta, backend="general")
+        assert bool(y.isfinite().all()) == finite and math.isfinite(float(expected.value))
+        assert judge_elementwise(y, expected).ok

@@ -27,6 +27,11 @@ padding        inputs that no real neighbour reads hold inf (and the upstream gr
                are exactly the bias (or 0), unread inputs get exactly zero gradient
 nonfinite      an inf and a nan in inputs that are read reach exactly the elements the
                oracle says, and nothing else
+variants       the oracle check again on what callers hand over besides the default
+               operands: ``x`` in fovi's transposed layout, a strided slice and a stride-0
+               expansion; ``bias=None``; ``grad_y`` in fovi's layout and stride-0
+               expanded; batch sizes 0, 1 and one above ``batch`` (on graphs of at most
+               :data:`VARIANTS_MAX_NODES` outputs: they test the calling convention)
 gradcheck      ``torch.autograd.gradcheck`` of ``knn_conv`` on the ops (float64, small
                graphs)
 determinism    two runs of the oracle check's calls give bitwise equal results
@@ -36,11 +41,15 @@ Collisions are in every random graph (two outputs read one input in one cell, an
 ``crowded_k2_v4`` puts 20 outputs on 8 inputs): their gradients must add up, which the oracle
 and cancellation checks judge.
 
+Every judged result must come back in the inputs' dtype (another dtype is a failed row), and a
+battery that would judge nothing (no graph, dtype or check) raises instead of passing.
+
 Usable from pytest: ``assert report.ok, report``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -68,10 +77,13 @@ __all__ = [
 ]
 
 JUDGED = ("y", "grad_x", "grad_weight")  # what a backend computes (grad_bias is the op's)
-CHECKS = ("oracle", "cancellation", "padding", "nonfinite", "gradcheck", "determinism")
+CHECKS = (
+    "oracle", "cancellation", "padding", "nonfinite", "variants", "gradcheck", "determinism",
+)  # fmt: skip
 # The smallest res18 layers of each kind: K=1 downsample, K=2/V=4, K=9/V=9.
 RES18_SUBSET = ("layer4.0.downsample.0", "layer4.1.conv1", "layer3.0.conv1")
 BASELINE = "einsum_baseline"
+VARIANTS_MAX_NODES = 64  # the random graphs; res18's would cost minutes per backend
 
 
 # ----------------------------------------------------------------------------------- graphs
@@ -404,6 +416,33 @@ def _check_nonfinite(ops, case, operands) -> list[ReportRow]:
     return _judge_all(case, "nonfinite", got, expected, {})
 
 
+def _variants(case: _Case, x, w, b, gy) -> list[tuple[str, list]]:
+    """``(label, operands)``: the layouts, ``bias=None`` and batch sizes callers hand over."""
+    strided = x.new_zeros(*x.shape[:2], 2 * x.shape[2])[:, :, ::2]  # [B, Cin, Nin], stride 2
+    strided.copy_(x)
+    fovi = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (x, gy)]  # node-major
+    out = [("x in fovi's layout", [fovi[0], w, b, gy]), ("x a strided slice", [strided, w, b, gy]),
+           ("bias None", [x, w, None, gy]), ("grad_y in fovi's layout", [x, w, b, fovi[1]]),
+           ("grad_y expanded (stride 0)", [x, w, b, gy[:, :, :1].expand_as(gy)])]  # fmt: skip
+    if case.batch:
+        out.append(("x expanded (stride 0)", [x[:1].expand_as(x), w, b, gy]))
+    for batch in sorted({0, 1, case.batch + 1}):
+        other = dataclasses.replace(case, batch=batch)
+        out.append((f"batch {batch}", _operands(other)))
+    return out
+
+
+def _check_variants(ops, case, operands) -> list[ReportRow]:
+    """The oracle check on each of :func:`_variants`, the label in the note."""
+    rows = []
+    for label, variant in _variants(case, *operands):
+        other = dataclasses.replace(case, batch=variant[0].shape[0])
+        found = _check_oracle(ops, other, variant, "variants", name=BASELINE)[0]  # no baseline
+        rows += [dataclasses.replace(r, note="; ".join(filter(None, (label, r.note))))
+                 for r in found]  # fmt: skip
+    return rows
+
+
 def _check_gradcheck(ops, case) -> list[ReportRow]:
     meta, name = case.graph.meta, case.graph.name
     c_out = case.graph.out_channels
@@ -475,11 +514,21 @@ def check_ops(
     unknown = set(checks) - set(CHECKS)
     if unknown:
         raise ValueError(f"unknown checks {sorted(unknown)}; choose from {CHECKS}")
+    if not checks or not dtypes:
+        raise ValueError(f"check_ops needs at least one check and one dtype, got checks="
+                         f"{tuple(checks)!r}, dtypes={tuple(dtypes)!r}: an empty battery "
+                         "judges nothing")  # fmt: skip
+    batch = int(batch)
+    if batch < 0:
+        raise ValueError(f"batch must be >= 0, got {batch}")
     device = torch.device(device)
     name = getattr(ops, "name", type(ops).__name__)
     report = OpsReport(name)
     supports = getattr(ops, "supports", None)
-    for index, graph in enumerate(_resolve_graphs(graphs, seed, device)):
+    resolved = _resolve_graphs(graphs, seed, device)
+    if not resolved:
+        raise ValueError(f"graphs={graphs!r} names no graph: an empty battery judges nothing")
+    for index, graph in enumerate(resolved):
         if supports is not None and not supports(graph.meta):
             m = graph.meta
             note = f"skipped: not supported (K={m.k}, V={m.v})"
@@ -502,6 +551,8 @@ def check_ops(
                 report.rows += _check_padding(ops, case, operands)
             if "nonfinite" in checks:
                 report.rows += _check_nonfinite(ops, case, operands)
+            if "variants" in checks and graph.meta.n_out <= VARIANTS_MAX_NODES:
+                report.rows += _check_variants(ops, case, operands)
             if "determinism" in checks and first is not None:
                 report.rows += _check_determinism(ops, case, operands, first)
         size = graph.meta.in_channels * (2 * graph.meta.n_in + graph.out_channels * graph.meta.v)

@@ -12,12 +12,56 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
+
+import torch
 
 from fovi_ref import DTYPES
 from fovi_ref.check import verify
 from fovi_ref.check.bench import boundary, fovi, layers, network, scaling, targets
 from fovi_ref.check.fovi import verify as fovi_verify
-from fovi_ref.check.jobs import LOW_AND_SINGLE
+from fovi_ref.check.jobs import LOW_AND_SINGLE, layer_names
+
+
+def _positive(text: str) -> int:
+    """A size of at least 1 (a batch of 0 or 0 repeats would give verdicts on nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _device(text: str) -> str:
+    """A torch device this machine has."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"not a torch device: {text!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: no CUDA GPU is available here")
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r}: choose cpu or cuda")
+    return text
+
+
+def _check_before_running(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, before anything runs, layers that do not exist and an --out folder that cannot
+    be written."""
+    try:
+        if getattr(args, "layers", None):
+            layer_names(args.layers)
+    except (KeyError, ValueError) as err:
+        p.error(f"--layers: {err}")
+    out = Path(getattr(args, "out", None) or "results")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as err:
+        p.error(f"--out {out}: cannot write there ({err.strerror or err})")
 
 
 # -------------------------------------------------------------------------------------- CLI
@@ -109,7 +153,9 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m fovi_ref", description=DESCRIPTION, formatter_class=_HelpFormatter
     )
     p.add_argument("--out", help="folder the result files are written to (default: results)")
-    p.add_argument("--device", help="torch device to run on: cpu or cuda (default: cpu)")
+    p.add_argument(
+        "--device", type=_device, help="torch device to run on: cpu or cuda (default: cpu)"
+    )
     sub = p.add_subparsers(dest="command", title="subcommands", metavar="{verify,bench}")
     v = sub.add_parser(
         "verify",
@@ -124,7 +170,7 @@ def parser() -> argparse.ArgumentParser:
         help="dtypes to check in; if omitted: float32 float16 bfloat16, and float64 too with "
         "--fovi",
     )
-    v.add_argument("--batch", type=int, help="batch size of the random inputs (default: 4)")
+    v.add_argument("--batch", type=_positive, help="batch size of the random inputs (default: 4)")
     v.add_argument(
         "--fovi",
         action="store_true",
@@ -152,15 +198,20 @@ def parser() -> argparse.ArgumentParser:
         f"(default: {' '.join(LOW_AND_SINGLE)})",
     )
     b.add_argument(
-        "--batch", type=int, nargs="+", help="batch sizes for the K = 1 layers (default: 64 256)"
+        "--batch",
+        type=_positive,
+        nargs="+",
+        help="batch sizes for the K = 1 layers (default: 64 256)",
     )
     b.add_argument(
         "--batch-general",
-        type=int,
+        type=_positive,
         help="batch for the K > 1 layers (the stem, conv1, always uses 16) (default: 64)",
     )
     b.add_argument(
-        "--repeats", type=int, help="timed rounds per layer (the median is kept) (default: 15)"
+        "--repeats",
+        type=_positive,
+        help="timed rounds per layer (the median is kept) (default: 15)",
     )
     b.add_argument(
         "--layers",
@@ -198,7 +249,10 @@ def parser() -> argparse.ArgumentParser:
             "--out", default=argparse.SUPPRESS, help="as the top-level --out (default: results)"
         )
         sp.add_argument(
-            "--device", default=argparse.SUPPRESS, help="as the top-level --device (default: cpu)"
+            "--device",
+            type=_device,
+            default=argparse.SUPPRESS,
+            help="as the top-level --device (default: cpu)",
         )
     return p
 
@@ -223,6 +277,7 @@ def _job(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, str
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    _check_before_running(p, args)
     if args.command is None:  # the bare command: verify, then a short bench if it passed
         args.command, args.fovi = "verify", False
         if not verify.run(_filled(args, ("verify", "oracle"))):

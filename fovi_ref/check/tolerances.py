@@ -305,7 +305,7 @@ class Verdict:
         baseline_ratio, baseline_max_abs_error: the same figures for the baseline (reported,
             not judged), or ``None``.
         notes: anything else a reader should know (a dtype or shape the result should not have).
-        ok: ``ratio <= 1``, no non-finite mismatch, and the right shape.
+        ok: ``ratio <= 1``, no non-finite mismatch, and the right shape and dtype.
     """
 
     quantity: str
@@ -343,8 +343,10 @@ def _ratios(value: torch.Tensor, expected: Expected, dtype: torch.dtype):
     v = value.detach().to(device=ref.device, dtype=torch.float64)
     bound = error_bound(expected, dtype).expand_as(ref)
     finite_ref, finite_v = torch.isfinite(ref), torch.isfinite(v)
-    # A finite ref may come back non-finite where its terms' magnitude reaches overflow.
-    threshold = torch.finfo(dtype).max * (1 + UNIT_ROUNDOFF[dtype])
+    # A finite ref may come back non-finite where its terms' magnitude reaches overflow: from
+    # max + half an ulp on (2^emax u) round-to-nearest gives inf (float16: 65504 + 16).
+    biggest = torch.finfo(dtype).max
+    threshold = biggest + math.ldexp(UNIT_ROUNDOFF[dtype], math.frexp(biggest)[1] - 1)
     may_overflow = finite_ref & (expected.magnitude.expand_as(ref) >= threshold)
     mismatches = int(((finite_ref != finite_v) & ~(may_overflow & ~finite_v)).sum())
     both = finite_ref & finite_v
@@ -360,6 +362,7 @@ def judge_elementwise(
     *,
     dtype: torch.dtype | None = None,
     baseline: torch.Tensor | None = None,
+    any_dtype: bool = False,
 ) -> Verdict:
     """Judge ``value`` against ``expected`` by the rule of the module docstring.
 
@@ -367,7 +370,8 @@ def judge_elementwise(
         value: the result under test, any float dtype (it is compared in float64).
         expected: from :func:`expected_quantities` on the inputs ``value`` was computed from.
         dtype: whose rule applies: the dtype of the inputs (default ``value.dtype``). A result
-            returned in another dtype is judged by this rule and noted (``"returned float32"``).
+            returned in another dtype is judged by this rule, noted (``"returned float32"``)
+            and fails, unless ``any_dtype`` (a diagnosis asking which rule a value meets).
         baseline: the same quantity from a baseline implementation in the same dtype; its worst
             ratio is reported, not judged.
     """
@@ -396,7 +400,7 @@ def judge_elementwise(
         b_ratio, b_error, _, _ = _ratios(baseline, expected, dtype)
         base_ratio = float(b_ratio.max()) if b_ratio.numel() else 0.0
         base_abs = float(b_error.max()) if b_error.numel() else 0.0
-    ok = worst_ratio <= 1 and mismatches == 0
+    ok = worst_ratio <= 1 and mismatches == 0 and (any_dtype or value.dtype == dtype)
     return Verdict(
         expected.name, dtype, worst_ratio, max_abs, worst, *figures, mismatches, base_ratio,
         base_abs, tuple(notes), ok,

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -174,12 +177,30 @@ def run(args) -> None:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
-    (out / "bench.json").write_text(
-        json.dumps({"run": meta, "k1": ds_rows, "general": gen_rows}, indent=1)
-    )
-    write_csv(out / "bench.csv", ds_rows + gen_rows)
-    plot_bench(out / "bench.png", ds_rows, gen_rows, meta)
+    record = json.dumps({"run": meta, "k1": ds_rows, "general": gen_rows}, indent=1)
+    write_set(out, {
+        "bench.png": lambda path: plot_bench(path, ds_rows, gen_rows, meta),
+        "bench.csv": lambda path: write_csv(path, ds_rows + gen_rows),
+        "bench.json": lambda path: path.write_text(record),
+    })  # fmt: skip
     print(f"results in {out}/bench.json, bench.csv, bench.png")
+
+
+def write_set(out: Path, writers: dict) -> None:
+    """Write one run's files as one set: each ``writers[name](path)`` into a temporary folder
+    in ``out``, then the old set removed and the new one moved in, the last name last (the
+    record: where it exists, the files beside it are from its run). Interrupted while writing,
+    ``out`` keeps the old set; the temporary folder is removed either way."""
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=".partial-"))
+    try:
+        for name, write in writers.items():
+            write(staging / name)
+        for name in reversed(writers):
+            (out / name).unlink(missing_ok=True)
+        for name in writers:
+            os.replace(staging / name, out / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def print_downsample_table(rows: list[dict]) -> None:

@@ -129,10 +129,12 @@ from fovi_ref.check.fovi.models import (
 from fovi_ref.check.fovi.verify import (
     FoviCheck,
     FoviFinding,
+    OverflowFinding,
     format_fovi_table,
     fovi_findings,
     fovi_record,
     fovi_rows,
+    overflow_finding,
     run_fovi,
     verify_fovi,
 )
@@ -185,6 +187,8 @@ __all__ = [
     "fovi_findings",
     "fovi_record",
     "fovi_rows",
+    "OverflowFinding",
+    "overflow_finding",
     "run_fovi",
     "verify_fovi",
 ]

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from fovi_ref import DTYPES, dtype_name, route
+from fovi_ref import DTYPES, KNNMeta, dtype_name, knn_conv, route
 from fovi_ref.check.fovi.backends import (
     backend_accepts,
     fovi_backends,
@@ -40,12 +40,14 @@ from fovi_ref.check.tolerances import (
 )
 
 __all__ = [
+    "OverflowFinding",
     "FoviCheck",
     "FoviFinding",
     "format_fovi_table",
     "fovi_findings",
     "fovi_record",
     "fovi_rows",
+    "overflow_finding",
     "run_fovi",
     "verify_fovi",
 ]
@@ -81,7 +83,8 @@ def _diagnose(value, expected, dtype, backend, baseline_verdict, separate) -> tu
     ``bias_rounding="separate"`` (computed only when asked)."""
     name = dtype_name(dtype)
     what = "output" if expected.name == "y" else "gradient"
-    if dtype == torch.float64 and judge_elementwise(value, expected, dtype=torch.float32).ok:
+    f32 = dict(dtype=torch.float32, any_dtype=True)  # the float32 rule for a float64 value
+    if dtype == torch.float64 and judge_elementwise(value, expected, **f32).ok:
         return "fovi", f"float64 {what} accumulated in float32: fails the float64 rule"
     if expected.name == "y" and judge_elementwise(value, separate()["y"], dtype=dtype).ok:
         return "fovi", (
@@ -185,6 +188,46 @@ def verify_fovi(
                         )  # fmt: skip
                     )
     return checks
+
+
+@dataclass(frozen=True)
+class OverflowFinding:
+    """float16 ``y`` where the cell sum overflows but the answer does not: two neighbours of
+    40000 in one cell, weight 0.01 (exact ``y`` 800). ``results``: fovi backend (and fovi_ref's
+    ``general``) -> ``y``."""
+
+    exact: float
+    results: dict[str, float]
+
+    @property
+    def overflowing(self) -> list[str]:
+        """The backends whose ``y`` is not finite."""
+        return [name for name, y in self.results.items() if y != y or abs(y) == float("inf")]
+
+    def summary(self) -> str:
+        got = ", ".join(f"{name} {y:g}" for name, y in self.results.items())
+        lines = [f"float16 overflow: two neighbours of 40000 in one cell, weight 0.01, exact "
+                 f"y = {self.exact:g}", f"  y: {got}"]  # fmt: skip
+        if self.overflowing:
+            lines.append(f"  fovi: {', '.join(self.overflowing)} store the cell sum (80000) in "
+                         "float16 before the GEMM:\n  inf where the answer is finite")  # fmt: skip
+        return "\n".join(lines)
+
+
+def overflow_finding(device: str | torch.device = "cpu") -> OverflowFinding:
+    """Run fovi's training and inference backends that take float16 here on the graph of
+    :class:`OverflowFinding`, beside fovi_ref's ``general`` (float32 accumulation)."""
+    meta = KNNMeta.from_knn(torch.tensor([[0], [1]]), torch.tensor([[0, 0]]), n_in=2,
+                            in_channels=1, v=1).to(device)  # fmt: skip
+    x = torch.full((1, 1, 2), 40000.0, dtype=torch.float16, device=device)  # [B, Cin, Nin]
+    w = torch.full((1, 1), 0.01, dtype=torch.float16, device=device)  # [Cout, Cin*V]
+    exact = 2 * 40000.0 * float(w.double())
+    results = {}
+    for name in fovi_backends(device) + fovi_backends(device, training=False):
+        if backend_accepts(name, meta, torch.float16):
+            results[name] = float(fovi_forward_and_grads(name, x, w, None, None, meta=meta)[0])
+    results["fovi_ref general"] = float(knn_conv(x, w, None, meta, backend="general"))
+    return OverflowFinding(exact, results)
 
 
 def _ratio_text(ratio: float) -> str:
@@ -341,8 +384,11 @@ def run_fovi(args) -> int:
     # Graphs are built on the CPU whatever the device, so this finding is the CPU's.
     finding = machine_finding()
     print(f"\n{finding.summary()}")
+    overflow = overflow_finding(device)
+    print(f"\n{overflow.summary()}")
     record = fovi_record(checks, torch=torch.__version__, device=str(device), batch=args.batch)
     record["machine_finding"] = finding_record(finding)
+    record["overflow_finding"] = {**vars(overflow), "overflowing": overflow.overflowing}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "verify_fovi.json").write_text(json.dumps(record, indent=1))
