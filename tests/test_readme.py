@@ -7,6 +7,8 @@ import io
 import re
 from pathlib import Path
 
+import pytest
+
 from fovi_ref.check.bench import targets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,3 +75,14 @@ def test_the_python_example_prints_what_its_comment_says():
         exec(example, {})  # the README's own example, as a reader would paste it
     comment = re.search(r"print\([^\n]*\) +# ([^\n]*)", example).group(1)
     assert out.getvalue().strip() == comment
+
+
+def test_the_check_my_own_fovi_model_example_runs_as_written():
+    pytest.importorskip("fovi", reason="the example builds a fovi model")
+    example = next(b for b in code_blocks("python") if "verify_fovi_model" in b)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(example, {})  # the README's own example, as a reader would paste it
+    comment = re.search(r"print\([^\n]*\) +# ([^\n]*)", example).group(1)
+    assert out.getvalue().splitlines()[0] == comment
+    assert "cells passed" in out.getvalue()

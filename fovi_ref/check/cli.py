@@ -3,6 +3,7 @@
     python -m fovi_ref                 # verify, then a short bench
     python -m fovi_ref verify [--device cuda] [--layers res18_ds2 layer1.0.conv1 ...]
     python -m fovi_ref verify --fovi   # fovi 2.4.0's own backends, judged by the same rule
+    python -m fovi_ref verify --fovi-model mymodels:small_net   # the same on your own fovi model
     python -m fovi_ref bench  [--device cuda] [--dtype bfloat16] [--batch 64 256] [--repeats 15]
 
 ``verify`` exits non-zero if any check fails. Results go to ``results/`` (git-ignored):
@@ -135,10 +136,11 @@ Writes OUT/bench.json, bench.csv and bench.png."""
 # The jobs, and the options each one honours; an option given to a job that does not honour it
 # is an error, not silently ignored. Defaults are filled in after that check.
 DEFAULTS = {"out": "results", "device": "cpu", "dtypes": None, "dtype": list(LOW_AND_SINGLE),
-            "batch": None, "batch_general": 64, "repeats": 15, "layers": None}  # fmt: skip
+            "batch": None, "batch_general": 64, "repeats": 15, "layers": None,
+            "fovi_model": None}  # fmt: skip
 JOBS = {
     ("verify", "oracle"): ("out", "device", "dtypes", "batch", "layers"),
-    ("verify", "fovi"): ("out", "device", "dtypes", "batch", "layers"),
+    ("verify", "fovi"): ("out", "device", "dtypes", "batch", "layers", "fovi_model"),
     ("bench", "layers"): ("out", "device", "dtype", "batch", "batch_general", "repeats", "layers"),
     ("bench", "boundary"): (),
     ("bench", "fovi"): ("out", "device", "dtype", "batch_general", "repeats", "layers"),
@@ -177,6 +179,13 @@ def parser() -> argparse.ArgumentParser:
         help="instead: fovi 2.4.0's own backends through fovi's own layers, judged by the same "
         "rule (needs: pip install --no-deps -r scripts/fovi-requirements.txt; exits 2 without "
         "it); writes OUT/verify_fovi.json",
+    )
+    v.add_argument(
+        "--fovi-model",
+        metavar="MODULE:FACTORY",
+        help="check your own fovi model: as --fovi, on every KNNConvLayer of the model that "
+        "FACTORY() in MODULE (importable from here) returns; --layers then names its module "
+        "paths; writes OUT/verify_fovi_model.json",
     )
     v.add_argument(
         "--layers",
@@ -260,7 +269,7 @@ def parser() -> argparse.ArgumentParser:
 def _job(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, str]:
     """The job ``args`` ask for, after refusing options that job does not honour."""
     if args.command == "verify":
-        job = ("verify", "fovi" if args.fovi else "oracle")
+        job = ("verify", "fovi" if args.fovi or args.fovi_model else "oracle")
     else:
         modes = [m for m in BENCH_MODES if getattr(args, m)]
         if len(modes) > 1:

@@ -134,9 +134,11 @@ from fovi_ref.check.fovi.verify import (
     fovi_findings,
     fovi_record,
     fovi_rows,
+    load_model_factory,
     overflow_finding,
     run_fovi,
     verify_fovi,
+    verify_fovi_model,
 )
 
 __all__ = [
@@ -191,4 +193,6 @@ __all__ = [
     "overflow_finding",
     "run_fovi",
     "verify_fovi",
+    "verify_fovi_model",
+    "load_model_factory",
 ]

@@ -5,6 +5,7 @@ dtype, each failure diagnosed, the table and the JSON record (``python -m fovi_r
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from fovi_ref.check.fovi.load import (
     FoviLayer,
     FoviUnavailable,
     FoviVersionError,
+    fovi_conv_layers,
     fovi_resnet18_layers,
     require_fovi,
 )
@@ -44,12 +46,14 @@ __all__ = [
     "FoviCheck",
     "FoviFinding",
     "format_fovi_table",
+    "load_model_factory",
     "fovi_findings",
     "fovi_record",
     "fovi_rows",
     "overflow_finding",
     "run_fovi",
     "verify_fovi",
+    "verify_fovi_model",
 ]
 
 
@@ -230,6 +234,50 @@ def overflow_finding(device: str | torch.device = "cpu") -> OverflowFinding:
     return OverflowFinding(exact, results)
 
 
+def verify_fovi_model(
+    model: torch.nn.Module,
+    *,
+    layers: Sequence[str] | None = None,
+    dtypes: Sequence[torch.dtype] = (torch.float32, torch.float64),
+    batch: int = 2,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    on_layer: Callable[[int, int, str], None] | None = None,
+) -> list[FoviCheck]:
+    """Check your own fovi model: :func:`verify_fovi` on every ``KNNConvLayer`` of ``model``
+    (any fovi network: a ``KNNResNet`` with another ``in_res`` or ``fov``, your own module), or
+    on those named in ``layers`` (module paths). Give the result to :func:`format_fovi_table` for
+    the table and the findings, or to :func:`fovi_findings`. ``model`` must have been built on
+    ``device`` (fovi's graphs do not move with ``.to()``). ``ValueError`` if it has no
+    ``KNNConvLayer`` or a name in ``layers`` is not one of them."""
+    found = fovi_conv_layers(model)
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no fovi KNNConvLayer to check")
+    unknown = [name for name in layers or () if name not in found]
+    if unknown:
+        raise ValueError(f"not a KNNConvLayer of this model: {', '.join(unknown)}; its layers: "
+                         f"{', '.join(found)}")  # fmt: skip
+    chosen = {name: found[name] for name in layers} if layers else found
+    return verify_fovi(chosen, dtypes=dtypes, batch=batch, seed=seed, device=device,
+                       on_layer=on_layer)  # fmt: skip
+
+
+def load_model_factory(spec: str) -> torch.nn.Module:
+    """``"package.module:factory"`` -> ``factory()``, the model ``verify --fovi-model`` checks
+    (the module is imported as ``python -m`` would, from the current directory too)."""
+    module_name, sep, factory = spec.partition(":")
+    if not sep or not module_name or not factory:
+        raise ValueError(
+            f"--fovi-model takes MODULE:FACTORY (e.g. mymodels:small_net), got {spec!r}"
+        )
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    model = getattr(importlib.import_module(module_name), factory)()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{spec}() returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
 def _ratio_text(ratio: float) -> str:
     if ratio < 10:
         return f"{ratio:.2f}"
@@ -365,16 +413,23 @@ def run_fovi(args) -> int:
         return 2
     device = torch.device(args.device)
     dtypes = tuple(DTYPES[d] for d in args.dtypes)
-    every = fovi_resnet18_layers(device)
-    layers = {name: every[name] for name in layer_names(args.layers)}
-    checks = verify_fovi(
-        layers,
-        dtypes=dtypes,
-        batch=args.batch,
-        device=device,
-        on_layer=lambda i, n, name: progress(i, n, f"verify fovi {name}"),
-    )
-    print(f"\nfovi {fovi.__version__} on {device}, batch {args.batch}: fovi's own layers, every")
+
+    def on_layer(i, n, name):
+        progress(i, n, f"verify fovi {name}")
+
+    spec = getattr(args, "fovi_model", None)
+    if spec:  # a user's own model: every KNNConvLayer in it
+        model = load_model_factory(spec)
+        checks = verify_fovi_model(model, layers=args.layers, dtypes=dtypes, batch=args.batch,
+                                   device=device, on_layer=on_layer)  # fmt: skip
+        what = f"{spec}'s"
+    else:
+        every = fovi_resnet18_layers(device)
+        layers = {name: every[name] for name in layer_names(args.layers)}
+        checks = verify_fovi(layers, dtypes=dtypes, batch=args.batch, device=device,
+                             on_layer=on_layer)  # fmt: skip
+        what = "fovi's own"
+    print(f"\nfovi {fovi.__version__} on {device}, batch {args.batch}: {what} layers, every")
     print("backend that runs here; y and grad x/weight/bias vs the float64 oracle, judged by")
     print("fovi_ref's elementwise rule (fovi_ref/check/tolerances.py), fovi's all-padding reading.")
     print("cell: PASS/FAIL, then the worst element's error / bound (at most 1 passes)")
@@ -389,7 +444,16 @@ def run_fovi(args) -> int:
     record = fovi_record(checks, torch=torch.__version__, device=str(device), batch=args.batch)
     record["machine_finding"] = finding_record(finding)
     record["overflow_finding"] = {**vars(overflow), "overflowing": overflow.overflowing}
+
+    record = fovi_record(checks, torch=torch.__version__, device=str(device), batch=args.batch)
+    name = "verify_fovi.json"
+    if spec:
+        record["model"], name = spec, "verify_fovi_model.json"
+    else:  # Graphs are built on the CPU whatever the device, so this finding is the CPU's.
+        finding = machine_finding()
+        print(f"\n{finding.summary()}")
+        record["machine_finding"] = finding_record(finding)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "verify_fovi.json").write_text(json.dumps(record, indent=1))
+    (out / name).write_text(json.dumps(record, indent=1))
     return 0 if record["failed"] == 0 else 1
