@@ -132,10 +132,8 @@ class KNNMeta:
 
     def __reduce__(self):
         # deepcopy and pickle: rebuild through `trusted`, carrying the derived data along.
-        return (
-            KNNMeta.trusted,
-            (self.knn, self.rf_index, self.n_in, self.in_channels, self.v, dict(self._derived)),
-        )
+        return (KNNMeta.trusted, (self.knn, self.rf_index, self.n_in, self.in_channels, self.v,
+                                  dict(self._derived)))  # fmt: skip
 
     # ----------------------------------------------------------------------------- builders
     @classmethod
@@ -200,9 +198,8 @@ class KNNMeta:
         if not hasattr(layer, "local_rf"):
             raise TypeError(f"layer ({what}) has no local_rf")
         if not isinstance(layer.local_rf, torch.Tensor):
-            raise TypeError(
-                f"layer.local_rf must be a torch.Tensor, got {type(layer.local_rf).__name__}"
-            )
+            got = type(layer.local_rf).__name__
+            raise TypeError(f"layer.local_rf must be a torch.Tensor, got {got}")
         if in_channels is None:
             if not hasattr(layer, "in_channels"):
                 raise TypeError(f"layer ({what}) has no in_channels; pass in_channels=")
