@@ -134,7 +134,7 @@ def segment_sum(values: torch.Tensor, plan: SegmentSumPlan) -> torch.Tensor:
         out.index_copy_(0, dst, picked)  # dst distinct within a round: no write collides
     for dst, src, pad in plan.trees:  # hubs: add the halves of W rows until one is left
         rows = values.index_select(0, src).to(acc_dtype).index_fill_(0, pad, 0)  # [H*W, P]
-        rows = rows.view(dst.numel(), -1, values.shape[1])  # [H, W, P]
+        rows = rows.view(dst.numel(), src.numel() // dst.numel(), values.shape[1])  # [H, W, P]
         while rows.shape[1] > 1:
             rows = rows[:, : rows.shape[1] // 2] + rows[:, rows.shape[1] // 2 :]
         out.index_copy_(0, dst, rows[:, 0])  # [H, P]
