@@ -53,7 +53,7 @@ __all__ = ["GeneralOps", "SegmentSumPlan", "build_segment_sum_plan", "derive", "
 
 NAME = "general"
 
-HUB = 32
+HUB = 16
 """Most contributions a row sums in rounds (res18's rows: 15), more in a tree."""
 
 
