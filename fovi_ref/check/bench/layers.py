@@ -52,6 +52,7 @@ def add_ratios(row: dict, timed: timing.Timing, pairs: dict[str, tuple[str, str]
         if not ratio.valid:
             row["invalid"].append(name)
     row |= {"rounds": timed.rounds, "stopped": timed.stop_note()}
+    row["ms iqr"] = {k: 1e3 * timed.measurement(k).iqr for k in timed.samples}
     return row
 
 

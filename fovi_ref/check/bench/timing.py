@@ -140,7 +140,8 @@ class Timing:
     floors: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def median(self, name: str) -> float:
-        return statistics.median(self.samples[name])
+        """``name``'s median seconds (:meth:`measurement`'s)."""
+        return self.measurement(name).median
 
     def medians(self) -> dict[str, float]:
         return {name: self.median(name) for name in self.samples}
