@@ -65,7 +65,10 @@ def mark(row: dict, ratio: str) -> str:
     """``ratio``'s value and spread in ``row``, then ``!`` (a missed target) or ``?`` (unsure);
     ``invalid`` for a time below its floor."""
     held = [row["verdicts"][t.name] for t in targets.holding(row) if t.ratio == ratio]
-    return ratio_of(row, ratio).text(timing.mark_of(timing.overall(held)))
+    mark = timing.mark_of(timing.overall(held))
+    if ratio not in row["iqr"] and ratio not in row["invalid"]:  # counted (memory): no spread
+        return f"{row[ratio]:.2f}{mark}"
+    return ratio_of(row, ratio).text(mark)
 
 
 def verdict(row: dict) -> str:
@@ -268,12 +271,12 @@ def print_general_table(rows: list[dict]) -> None:
     print("time = general / einsum; floor = the three GEMMs of the layer alone / einsum (no")
     print("implementation that runs those GEMMs can have a time below it); /floor = time / floor")
     print(
-        f"{'layers':<26}{'K':>3}{'dtype':>9}{'batch':>6}{'gen ms':>8}{'time':>11}{'floor':>11}"
+        f"{'layers':<24}{'K':>3}{'dtype':>9}{'batch':>6}{'gen ms':>8}{'time':>11}{'floor':>11}"
         f"{'/floor':>11}{'memory':>7}{'verdict':>9}"
     )
     for r in rows:
         print(
-            f"{r['layer'][:25]:<26}{r['K']:>3}{r['dtype']:>9}{r['batch']:>6}"
+            f"{r['layer'][:23]:<24}{r['K']:>3}{r['dtype']:>9}{r['batch']:>6}"
             f"{r['ms']['general']:>8.2f}{mark(r, 'general / einsum time'):>11}"
             f"{mark(r, 'gemm floor / einsum time'):>11}{mark(r, 'general / gemm floor'):>11}"
             f"{mark(r, 'general / einsum peak memory'):>7}{verdict(r):>9}"
