@@ -39,13 +39,7 @@ import torch
 from fovi_ref.layout import linear_rows, y_from_rows
 from fovi_ref.meta import Derived, KNNMeta
 
-__all__ = [
-    "DENSE_S_BUDGET",
-    "GatherGemmOps",
-    "derive",
-    "gather_gemm_applies",
-    "uses_dense_scatter",
-]
+__all__ = ["DENSE_S_BUDGET", "GatherGemmOps", "derive", "gather_gemm_applies", "uses_dense_scatter"]
 
 NAME = "gather_gemm"
 
@@ -165,9 +159,8 @@ class GatherGemmOps:
         return GatherGemmOps.grad_weight_of_operand(meta, grad_y, x_rows)
 
     @staticmethod
-    def grad_weight_of_operand(
-        meta: KNNMeta, grad_y: torch.Tensor, x_rows: torch.Tensor
-    ) -> torch.Tensor:
+    def grad_weight_of_operand(meta: KNNMeta, grad_y: torch.Tensor,
+                               x_rows: torch.Tensor) -> torch.Tensor:  # fmt: skip
         """``grad_y [B, Cout, Nout]``, the gathered ``x_rows [B*Nout, Cin]`` -> ``[Cout, Cin]``."""
         # One GEMM over batch and nodes, [Cout, B*Nout] @ [B*Nout, Cin]: in this orientation MKL
         # does not split the sum between threads (tests/test_ordinary_use.py).

@@ -33,9 +33,10 @@ a res18 layer1 gather at batch 64 on a CPU), at the cost of one transposing copy
 **Determinism.** A segment sum is usually one ``index_add_``, which on CUDA adds with atomics.
 :func:`segment_sum_naive` is that version, kept beside the one used: :func:`segment_sum` runs in
 *rounds*, round ``r`` adding every destination's ``r``-th contribution (no destination twice in a
-round: a row gather and an ``index_copy_``), so the summation order is fixed (increasing ``k``)
-and deterministic on every device. The tests hold the two against each other, and the rounds
-against a sequential loop over ``k``, bit for bit.
+round: a row gather and an ``index_copy_``), so every row adds in increasing ``k``, the same on
+every device. A *hub* row (more than :data:`HUB` terms: an input many outputs read) adds its terms
+pairwise instead, a fixed tree of ``log2`` steps. Plans are sorts, ``O(E log E)`` for ``E``
+entries. Tests hold the sums against ``index_add_``, the rounds against a loop over ``k``, bitwise.
 """
 
 from __future__ import annotations
@@ -47,63 +48,72 @@ import torch
 from fovi_ref.layout import fovi_layout_empty, linear_rows
 from fovi_ref.meta import Derived, KNNMeta
 
-__all__ = [
-    "GeneralOps",
-    "SegmentSumPlan",
-    "build_segment_sum_plan",
-    "derive",
-    "segment_sum",
-    "segment_sum_entries",
-    "segment_sum_naive",
-]
+__all__ = ["GeneralOps", "SegmentSumPlan", "build_segment_sum_plan", "derive", "segment_sum",
+           "segment_sum_entries", "segment_sum_naive"]  # fmt: skip
 
 NAME = "general"
+
+HUB = 16  # most contributions a row sums in rounds (res18's rows: 15); more go in a tree
 
 
 @dataclass(frozen=True)
 class SegmentSumPlan:
-    """How to compute ``out[d] = sum_{(d, s) in entries} values[s]`` (rows) in rounds, for
-    ``size = D`` output rows: ``first [D]``, every destination's first source row (a dummy 0 where
-    it has none; round 0 is one gather writing every row), ``empty``, the destinations zeroed
-    after round 0, and ``rounds``, ``(dst, src)`` pairs of later contributions, ``dst`` distinct
-    within a round."""
+    """``out[d] = sum_{(d, s) in entries} values[s]`` (rows), ``size = D`` of them: ``first [D]``,
+    every row's first source (dummy 0 if none; round 0 gathers them all), ``empty``, rows zeroed
+    after round 0, ``rounds``, ``(dst, src)``, later contributions (``dst`` distinct in a round),
+    and ``trees``, ``(dst [H], src [H*W], pad)``: hub rows (``HUB < count <= W = 2^j``), their
+    sources padded with zero rows at ``pad``, summed by adding halves (``j`` adds, fixed order)."""
 
     size: int
     first: torch.Tensor
     empty: torch.Tensor
-    rounds: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    rounds: tuple[tuple[torch.Tensor, ...], ...]
+    trees: tuple[tuple[torch.Tensor, ...], ...] = ()
 
     def as_derived(self, prefix: str) -> Derived:
-        """The plan as named tensors (``prefix.first``, ``prefix.dst1``, ...), as derived data."""
+        """The plan as named tensors (``prefix.first``, ``prefix.round0.1``, ...), derived data."""
         data = {f"{prefix}.first": self.first, f"{prefix}.empty": self.empty}
-        for r, (dst, src) in enumerate(self.rounds, 1):
-            data[f"{prefix}.dst{r}"], data[f"{prefix}.src{r}"] = dst, src
+        for kind, steps in (("round", self.rounds), ("tree", self.trees)):
+            data |= {f"{prefix}.{kind}{r}.{i}": t for r, step in enumerate(steps)
+                     for i, t in enumerate(step)}  # fmt: skip
         return data
 
     @classmethod
     def from_derived(cls, data: Derived, prefix: str) -> SegmentSumPlan:
         """The inverse of :meth:`as_derived`."""
-        first, n = data[f"{prefix}.first"], sum(k.startswith(f"{prefix}.dst") for k in data)
-        rounds = tuple(
-            (data[f"{prefix}.dst{r}"], data[f"{prefix}.src{r}"]) for r in range(1, n + 1)
-        )
-        return cls(first.shape[0], first, data[f"{prefix}.empty"], rounds)
+
+        def steps(kind: str, width: int) -> tuple:  # fmt: skip
+            n = sum(key.startswith(f"{prefix}.{kind}") for key in data) // width
+            return tuple(tuple(data[f"{prefix}.{kind}{r}.{i}"] for i in range(width))
+                         for r in range(n))  # fmt: skip
+
+        first, empty = data[f"{prefix}.first"], data[f"{prefix}.empty"]
+        return cls(first.shape[0], first, empty, steps("round", 2), steps("tree", 3))
 
 
 def build_segment_sum_plan(dst: torch.Tensor, src: torch.Tensor, size: int) -> SegmentSumPlan:
-    """Split the entries ``(dst[e], src[e])`` into collision-free rounds; entries sharing a
-    destination keep their order, so contributions are summed in the order listed."""
+    """Split the entries ``(dst[e], src[e])`` into collision-free rounds, and trees for the hubs;
+    entries sharing a destination keep their order. Sorts only: ``O(E log E)`` for ``E`` entries."""
     order = torch.argsort(dst, stable=True)
     dst, src = dst[order], src[order]  # [E] grouped by destination
     count = torch.bincount(dst, minlength=size)  # [D] contributions per destination
     start = torch.cumsum(count, 0) - count  # [D] where each destination's group starts
     rank = torch.arange(dst.numel(), device=dst.device) - start[dst]  # [E] position in its group
-    first = torch.zeros(size, dtype=torch.int64, device=dst.device)
-    first[dst[rank == 0]] = src[rank == 0]  # [D]
+    hub, first = count[dst] > HUB, dst.new_zeros(size)  # [E] entries of hub destinations, [D]
+    first[dst[(rank == 0) & ~hub]] = src[(rank == 0) & ~hub]  # [D] round 0
     empty = (count == 0).nonzero().flatten()  # destinations nobody writes
-    n_rounds = int(rank.max()) + 1 if rank.numel() else 0
-    rounds = tuple((dst[rank == r], src[rank == r]) for r in range(1, n_rounds))
-    return SegmentSumPlan(size, first, empty, rounds)
+    later = ((rank > 0) & ~hub).nonzero().flatten()  # [E'] entries of rounds 1, 2, ...
+    later = later[torch.argsort(rank[later], stable=True)]  # [E'] round-major, one sort
+    per_round = torch.bincount(rank[later])[1:].tolist()  # entries per round
+    rounds = tuple(zip(dst[later].split(per_round), src[later].split(per_round), strict=True))
+    trees, width = [], 2 ** torch.log2(count.clamp(min=1).double()).ceil().long()  # [D] W
+    for w in width[dst[hub]].unique().tolist():  # one tree per width W
+        of_w = hub & (width[dst] == w)  # [E] its entries
+        hubs = dst[of_w & (rank == 0)]  # [H] its destinations, sorted
+        slot = dst.new_full((hubs.numel() * w,), -1)  # [H*W] source rows, -1 = padding
+        slot[torch.searchsorted(hubs, dst[of_w]) * w + rank[of_w]] = src[of_w]
+        trees.append((hubs, slot.clamp(min=0), (slot < 0).nonzero().flatten()))
+    return SegmentSumPlan(size, first, empty, rounds, tuple(trees))
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:  # as a GEMM kernel's: 16 bits in 32
@@ -120,6 +130,12 @@ def segment_sum(values: torch.Tensor, plan: SegmentSumPlan) -> torch.Tensor:
     for dst, src in plan.rounds:  # later rounds add to what is there
         picked = out.index_select(0, dst) + values.index_select(0, src).to(acc_dtype)
         out.index_copy_(0, dst, picked)  # dst distinct within a round: no write collides
+    for dst, src, pad in plan.trees:  # hubs: add the halves of W rows until one is left
+        rows = values.index_select(0, src).to(acc_dtype).index_fill_(0, pad, 0)  # [H*W, P]
+        rows = rows.view(dst.numel(), src.numel() // dst.numel(), values.shape[1])  # [H, W, P]
+        while rows.shape[1] > 1:
+            rows = rows[:, : rows.shape[1] // 2] + rows[:, rows.shape[1] // 2 :]
+        out.index_copy_(0, dst, rows[:, 0])  # [H, P]
     return out.to(values.dtype)
 
 
@@ -169,13 +185,11 @@ def _binned(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
 
 
 def _grad_y_node_major(grad_y: torch.Tensor) -> torch.Tensor:
-    """``[B, Cout, Nout] -> [Cout, Nout*B]`` (node-major columns, ``z``'s order): a view of what
-    :meth:`GeneralOps.grad_y_layout` returns."""
+    """``[B, Cout, Nout] -> [Cout, Nout*B]`` (``z``'s order), a view of ``grad_y_layout``'s."""
     return grad_y.permute(1, 2, 0).reshape(grad_y.shape[1], -1)
 
 
-FEW_COLUMNS = 16
-"""Largest ``Nout*B`` for which the GEMMs are arranged for few columns (see the uses)."""
+FEW_COLUMNS = 16  # largest Nout*B for which the GEMMs are arranged for few columns (see uses)
 
 
 def _weight_t_times(weight: torch.Tensor, grad_y_cols: torch.Tensor) -> torch.Tensor:
@@ -239,9 +253,8 @@ class GeneralOps:
         return GeneralOps.grad_weight_of_operand(meta, grad_y, _binned(meta, x).t())
 
     @staticmethod
-    def grad_weight_of_operand(
-        meta: KNNMeta, grad_y: torch.Tensor, z_rows: torch.Tensor
-    ) -> torch.Tensor:
+    def grad_weight_of_operand(meta: KNNMeta, grad_y: torch.Tensor,
+                               z_rows: torch.Tensor) -> torch.Tensor:  # fmt: skip
         """``grad_y [B, Cout, Nout]``, the binned ``z_rows [Nout*B, Cin*V]`` (float32 for 16-bit
         inputs) -> ``grad_weight [Cout, Cin*V]``: ONE GEMM ``[Cout, Nout*B] @ [Nout*B, Cin*V]``."""
         return (_grad_y_node_major(grad_y).to(z_rows.dtype) @ z_rows).to(grad_y.dtype)

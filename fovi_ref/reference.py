@@ -33,15 +33,9 @@ __all__ = ["AllPadding", "knn_conv_reference"]
 AllPadding = Literal["bias", "zero"]
 
 
-def knn_conv_reference(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    meta: KNNMeta,
-    *,
-    all_padding: AllPadding = "bias",
-    compute_dtype: torch.dtype = torch.float64,
-) -> torch.Tensor:
+def knn_conv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       meta: KNNMeta, *, all_padding: AllPadding = "bias",
+                       compute_dtype: torch.dtype = torch.float64) -> torch.Tensor:  # fmt: skip
     """Naive KNN convolution ``y [B, Cout, Nout]`` of ``x [B, Cin, Nin]``, ``weight
     [Cout, Cin*V]`` (column ``c*V + cell``) and ``bias [Cout]`` or ``None``, on ``x``'s device.
 

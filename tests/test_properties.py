@@ -14,6 +14,7 @@ the long one (``HYPOTHESIS_PROFILE=long``).
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -22,8 +23,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fovi_ref import KNNMeta, available_ops, dtype_name, get_ops
-from fovi_ref.check.operands import forward_and_grads
+from fovi_ref.check.bench.hub import hub_meta
+from fovi_ref.check.operands import forward_and_grads, sample_operands
 from fovi_ref.check.tolerances import expected_quantities, judge_elementwise
+from fovi_ref.knn_general import HUB, derive
 from fovi_ref.reference import knn_conv_reference
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
@@ -42,13 +45,14 @@ def _k1_v1_only(backend: str) -> bool:
 
 
 @st.composite
-def graphs(draw, k1_v1: bool = False) -> KNNMeta:
+def graphs(draw, k1_v1: bool = False, hub: bool = False) -> KNNMeta:
     """A graph with padding anywhere (all-padding rows included), repeated neighbours, shared
-    cells and unused inputs wherever the draw puts them."""
+    cells and unused inputs wherever the draw puts them. ``hub``: more outputs than
+    ``knn_general.HUB``, every one reading one drawn input first (a hub, summed in a tree)."""
     k = 1 if k1_v1 else draw(st.integers(1, 4))
     v = 1 if k1_v1 else draw(st.integers(1, 4))
     n_in = draw(st.integers(1, 6))
-    n_out = draw(st.integers(1, 6))
+    n_out = draw(st.integers(HUB + 1, 4 * HUB)) if hub else draw(st.integers(1, 6))
     c_in = draw(st.integers(1, 3))
     padding = st.integers(0, n_in)  # n_in is padding
     knn = draw(st.lists(padding, min_size=k * n_out, max_size=k * n_out))
@@ -56,6 +60,8 @@ def graphs(draw, k1_v1: bool = False) -> KNNMeta:
     cells = draw(st.lists(st.integers(0, v - 1), min_size=k * n_out, max_size=k * n_out))
     knn = torch.tensor(knn, dtype=torch.int64).reshape(k, n_out)  # [K, Nout]
     knn[:, torch.tensor(empty_rows)] = n_in  # whole rows of padding
+    if hub:
+        knn[0] = draw(st.integers(0, n_in - 1))  # every output reads the hub first
     rf_index = torch.tensor(cells, dtype=torch.int64).reshape(n_out, k)  # [Nout, K]
     return KNNMeta.from_knn(knn, rf_index, n_in=n_in, in_channels=c_in, v=v)
 
@@ -72,9 +78,9 @@ def _values(shape, style: str, g: torch.Generator) -> torch.Tensor:
 
 
 @st.composite
-def cases(draw, dtype: torch.dtype, k1_v1: bool = False):
+def cases(draw, dtype: torch.dtype, k1_v1: bool = False, hub: bool = False):
     """``(meta, x, weight, bias, grad_y)`` rounded to ``dtype``."""
-    meta = draw(graphs(k1_v1))
+    meta = draw(graphs(k1_v1, hub))
     c_out = draw(st.integers(1, 3))
     batch = draw(st.integers(0, 2))
     style = draw(st.sampled_from(STYLES))
@@ -122,6 +128,49 @@ def test_matches_oracle(backend, dtype):
         _judge_all(got, expected_quantities(x, w, b, meta, gy), dtype)
 
     check()
+
+
+@pytest.mark.parametrize("backend,dtype", _backend_cases(["general", "einsum_baseline"]))
+def test_hub_graphs_match_oracle(backend, dtype):
+    """Graphs with a hub input (more than HUB readers: general sums its row in a tree) agree
+    with the oracle by the elementwise rule."""
+
+    @given(case=cases(dtype, hub=True))
+    def check(case):
+        meta, x, w, b, gy = case
+        got = forward_and_grads(x, w, b, meta, gy, backend)
+        _judge_all(got, expected_quantities(x, w, b, meta, gy), dtype)
+
+    check()
+
+
+def _derive_seconds(meta) -> float:
+    """The fastest of three ``derive`` runs (the machine may be shared)."""
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        derive(meta)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def test_derive_grows_near_linearly_on_a_hub():
+    """16 times the fan-out costs far less than 16**2 times the time to plan (one round per
+    term made it quadratic: 8k readers took 46 s). A ratio, not an absolute time."""
+    small = _derive_seconds(hub_meta(1024, in_channels=2))
+    large = _derive_seconds(hub_meta(16384, in_channels=2))
+    assert large / small < 64, f"{large:.3f} s against {small:.3f} s"
+
+
+def test_large_hub_is_correct_and_bitwise_deterministic():
+    """A 4096-reader hub through general: float32 results meet the rule against the float64
+    oracle, and a second run gives the same bits."""
+    meta = hub_meta(4096, in_channels=3, n_in=32)
+    x, w, b, gy = sample_operands(meta, 5, batch=2, seed=4, dtype=torch.float32)
+    got = forward_and_grads(x, w, b, meta, gy, "general")
+    _judge_all(got, expected_quantities(x, w, b, meta, gy), torch.float32)
+    again = forward_and_grads(x, w, b, meta, gy, "general")
+    assert all(torch.equal(a, c) for a, c in zip(got, again, strict=True))
 
 
 LOW_PRECISION_CASES = [

@@ -20,7 +20,7 @@ import torch
 
 from fovi_ref import DTYPES
 from fovi_ref.check import verify
-from fovi_ref.check.bench import boundary, fovi, layers, network, scaling, targets
+from fovi_ref.check.bench import boundary, fovi, hub, layers, network, scaling, targets
 from fovi_ref.check.fovi import verify as fovi_verify
 from fovi_ref.check.jobs import LOW_AND_SINGLE, layer_names
 
@@ -117,7 +117,7 @@ def _bench_epilog() -> str:
     lines += ["with --network resnet18:"]
     lines += [f"  {t.name:<40} <= {t.at_most}" for t in targets.NETWORK.values()]
     modes = (("--boundary", (targets.BOUNDARY, targets.SCALE)), ("--fovi", (targets.FOVI,)),
-             ("--batch-scaling", (targets.SCALING,)))  # fmt: skip
+             ("--batch-scaling", (targets.SCALING,)), ("--hub", (targets.HUB,)))  # fmt: skip
     for flag, held in modes:
         lines += [f"with {flag}:", *(f"  {t.name:<40} <= {t.at_most}" for t in held)]
     lines += ["Definitions: fovi_ref/check/bench/targets.py."]
@@ -130,7 +130,12 @@ in one process, and report ratios (they hold on a noisy machine where absolute t
 K = 1 layers (res18_ds2/3/4): gather_gemm against fovi's einsum, general, the Conv2d floor
 (F.conv2d 1x1 stride 2 with as many outputs) and the GEMM floor (the layer's three GEMMs plus
 zero-filling grad_x). K > 1 layers: general against fovi's einsum, time and peak memory.
-Writes OUT/bench.json, bench.csv and bench.png."""
+Writes OUT/bench.json, bench.csv and bench.png.
+
+Each ratio prints as median ± half its interquartile range over the rounds; rounds are added
+until every target ratio's IQR is within 10% of its median or a time cap is reached (the tables
+say which). Verdicts: met (the IQR at or below the target), MISSED '!' (above), unsure '?' (it
+straddles the target), invalid (a time below the GEMM floor: measured again, never printed)."""
 
 
 # The jobs, and the options each one honours; an option given to a job that does not honour it
@@ -146,8 +151,9 @@ JOBS = {
     ("bench", "fovi"): ("out", "device", "dtype", "batch_general", "repeats", "layers"),
     ("bench", "batch_scaling"): ("device", "dtype", "repeats", "layers"),
     ("bench", "network"): ("device", "dtype", "repeats"),
+    ("bench", "hub"): ("device", "dtype", "repeats"),
 }
-BENCH_MODES = ("boundary", "fovi", "batch_scaling", "network")
+BENCH_MODES = ("boundary", "fovi", "batch_scaling", "network", "hub")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -253,6 +259,12 @@ def parser() -> argparse.ArgumentParser:
         help="instead: the whole fovi-resnet18 trunk, routed backends against every conv on "
         "einsum_baseline, at batch 16 and 64 (time and peak memory)",
     )
+    b.add_argument(
+        "--hub",
+        action="store_true",
+        help="instead: hub graphs (every output reads one input, fan-out 1k to 32k): the time "
+        "to derive general's plans, and general against fovi's einsum",
+    )
     for sp in (v, b):
         sp.add_argument(
             "--out", default=argparse.SUPPRESS, help="as the top-level --out (default: results)"
@@ -273,7 +285,7 @@ def _job(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, str
     else:
         modes = [m for m in BENCH_MODES if getattr(args, m)]
         if len(modes) > 1:
-            p.error("bench takes one of --boundary, --fovi, --batch-scaling, --network")
+            p.error("bench takes one of --boundary, --fovi, --batch-scaling, --network, --hub")
         job = ("bench", modes[0] if modes else "layers")
     given = [k for k in DEFAULTS if getattr(args, k, None) is not None]
     unused = [f"--{k.replace('_', '-')}" for k in given if k not in JOBS[job]]
@@ -307,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     elif job == ("bench", "batch_scaling"):
         for dtype in args.dtype:
             scaling.run(args.layers, repeats=args.repeats, device=args.device, dtype=DTYPES[dtype])
+    elif job == ("bench", "hub"):
+        for dtype in args.dtype:
+            hub.run(repeats=args.repeats, device=args.device, dtype=DTYPES[dtype])
     elif job == ("bench", "network"):
         for dtype in args.dtype:
             network.run(device=args.device, dtype=DTYPES[dtype], repeats=args.repeats)

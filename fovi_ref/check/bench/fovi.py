@@ -10,10 +10,12 @@ On each fovi-resnet18 layer (batch 64, the stem 16), forward + backward (gradien
 - fovi_ref's routed backend through :func:`fovi_ref.knn_conv`.
 
 All of one layer's contenders are timed in interleaved rounds in one process
-(:func:`fovi_ref.check.bench.timing.time_contenders`), so the ratios hold on a noisy machine. The
-column ``fovi_ref / best fovi`` divides fovi_ref's median by the fastest fovi contender's; its
-target is :data:`fovi_ref.check.bench.targets.FOVI`. Layers sharing a graph and channel count
-are timed once.
+(:func:`fovi_ref.check.bench.timing.measure`, rounds added until every fovi_ref / fovi ratio's
+IQR is within the band or a time cap), so the ratios hold on a noisy machine. The column
+``fovi_ref / best fovi`` is the per-round ratio of fovi_ref to the fastest fovi contender (by
+median), median ± half its IQR, with its verdict against
+:data:`fovi_ref.check.bench.targets.FOVI`. Layers sharing a graph and channel count are timed
+once.
 """
 
 from __future__ import annotations
@@ -75,9 +77,13 @@ def bench_fovi(
         ours = f"fovi_ref {route(rec.meta)}"
         timed = upstream.fovi_contenders(inputs)
         timed[ours] = contenders.knn_backend(inputs, route(rec.meta))
-        times = timing.time_contenders(timed, repeats=repeats, warmup=warmup)
+        measured = timing.measure(
+            timed, ratios=[(ours, k) for k in timed if k != ours], repeats=repeats, warmup=warmup
+        )
+        times = measured.medians()
         fovi_times = {k: v for k, v in times.items() if k != ours}
         best = min(fovi_times, key=fovi_times.get)
+        ratio = measured.ratio(ours, best)
         auto = next(k for k in fovi_times if k.startswith("fovi auto"))
         rows.append(
             {
@@ -87,10 +93,19 @@ def bench_fovi(
                 "dispatch": auto.removeprefix("fovi auto (").removesuffix(")"),
                 "ms": {k: 1e3 * v for k, v in times.items()},
                 "best fovi": best,
-                "fovi_ref / best fovi": times[ours] / fovi_times[best],
+                "fovi_ref / best fovi": ratio.median,
+                "spread": [ratio.low, ratio.high],
+                "rounds": measured.rounds,
+                "stopped": measured.stopped,
             }
         )
     return rows
+
+
+def row_ratio(row: dict) -> timing.Ratio:
+    """A row's ``fovi_ref / best fovi`` with its quartiles, as a Ratio."""
+    low, high = row.get("spread", [row["fovi_ref / best fovi"]] * 2)
+    return timing.Ratio(row["fovi_ref / best fovi"], low, high, row.get("rounds", 1))
 
 
 def format_table(rows: Sequence[dict], target: float | None = targets.FOVI.at_most) -> str:
@@ -98,19 +113,19 @@ def format_table(rows: Sequence[dict], target: float | None = targets.FOVI.at_mo
     fovi's contenders (``auto``: the dispatcher's choice), the fastest fovi contender and
     fovi_ref / it (``!``: over ``target``; ``None``: no target holds these rows)."""
     columns = ["auto", "base", "scatter", "compact", "gg"]
-    head = f"{'layer':<22}{'route':<12}{'ref ms':>8}" + "".join(f"{c:>8}" for c in columns)
-    head += f"{'best':>8} ref/best"
+    head = f"{'layer':<21}{'route':<11}{'ref ms':>7}" + "".join(f"{c:>8}" for c in columns)
+    head += f"{'best':>8}{'ref/best':>12}"
     lines = [head]
     for r in rows:
         ours = next(k for k in r["ms"] if k.startswith("fovi_ref"))
         ratios = {_short(k): r["ms"][ours] / v for k, v in r["ms"].items() if k != ours}
         layer = r["layers"][0] + (f" +{len(r['layers']) - 1}" if len(r["layers"]) > 1 else "")
         cells = "".join(f"{ratios[c]:>8.2f}" if c in ratios else f"{'-':>8}" for c in columns)
-        ratio = r["fovi_ref / best fovi"]
-        mark = "!" if target is not None and ratio > target else ""
+        ratio = row_ratio(r)
+        mark = timing.mark_of(timing.verdict(ratio, target)) if target is not None else ""
         lines.append(
-            f"{layer:<22}{r['route']:<12}{r['ms'][ours]:>8.1f}{cells}"
-            f"{_short(r['best fovi']):>8}{ratio:>9.2f}{mark}"
+            f"{layer[:20]:<21}{r['route']:<11}{r['ms'][ours]:>7.1f}{cells}"
+            f"{_short(r['best fovi']):>8}{ratio.text(mark):>12}"
         )
     return "\n".join(lines)
 
@@ -137,7 +152,8 @@ def run(args) -> int:
         )
         print(
             f"\nfovi {fovi.__version__} vs fovi_ref on {args.device}, {dtype_name}, forward + "
-            f"backward,\nbatch {args.batch_general} (stem 16), {args.repeats} interleaved rounds"
+            f"backward,\nbatch {args.batch_general} (stem 16), at least {args.repeats} "
+            "interleaved rounds"
         )
         print(
             "ref ms: fovi_ref's routed backend (median); auto..gg: fovi_ref / that fovi contender"
@@ -148,16 +164,22 @@ def run(args) -> int:
         target = targets.FOVI.at_most if dtype_name == "float32" else None
         if target is None:
             limit = targets.FOVI.at_most
-            print(f"ref/best: fovi_ref / best (the target, <= {limit}, holds float32 only)\n")
+            print(f"ref/best: fovi_ref / best, median ± half its IQR (the target, <= {limit}, "
+                  "holds float32 only)\n")  # fmt: skip
         else:
             print(
-                f"ref/best: fovi_ref / best, target <= {targets.FOVI.at_most}, '!' marks a miss\n"
+                f"ref/best: fovi_ref / best, median ± half its IQR, target <= "
+                f"{targets.FOVI.at_most}:\n'!' MISSED (the IQR above it), '?' unsure (it straddles "
+                "it)\n"
             )
         print(format_table(rows, target))
         if target is not None:
-            misses = sum(r["fovi_ref / best fovi"] > target for r in rows)
-            verdict = "met" if not misses else "MISSED"
-            print(f"\nverdict: {verdict}, {len(rows) - misses} of {len(rows)} rows meet the target")
+            verdicts = [timing.verdict(row_ratio(r), target) for r in rows]
+            counts = ", ".join(f"{verdicts.count(v)} {v}" for v in ("met", "unsure", "MISSED"))
+            capped = sum(r["stopped"] == "cap" for r in rows)
+            print(f"\nverdict: {timing.overall(verdicts)}; rows: {counts} (of {len(rows)})")
+            print(f"{capped} rows stopped at the time cap, the rest within the "
+                  f"{timing.BAND:.0%} band")  # fmt: skip
         all_rows += [{"dtype": dtype_name, **r} for r in rows]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

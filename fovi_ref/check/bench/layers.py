@@ -1,16 +1,22 @@
 """The per-layer benchmark of ``python -m fovi_ref bench``: what is timed, the targets, tables.
 
 Every contender runs forward + backward (gradients of ``x``, ``weight``, ``bias``), timed in
-interleaved rounds in one process (:func:`fovi_ref.check.bench.timing.time_contenders`); the tables
-report ratios, which hold on a noisy machine where absolute times do not.
+interleaved rounds in one process (:func:`fovi_ref.check.bench.timing.measure`, which adds rounds
+until the ratios' spread is within its band or a time cap); the tables report ratios with their
+spread (median ± half the IQR of the per-round ratios), which hold on a noisy machine where
+absolute times do not.
 
 - K = 1 layers (``res18_ds2/3/4``): ``gather_gemm`` against fovi's einsum, ``general`` and the
-  two floors (Conv2d 1x1 stride 2; the three GEMMs plus zero-filling the input gradient).
+  two floors (Conv2d 1x1 stride 2; the three GEMMs plus zero-filling the input gradient). A
+  time / the GEMM floor below :data:`~fovi_ref.check.bench.timing.FLOOR_VALID` is measured
+  again, and printed ``invalid`` if it stays there.
 - K > 1 layers: ``general`` against fovi's einsum, time and peak memory, with the GEMM floor.
 
 :data:`fovi_ref.check.bench.targets.LAYERS` holds the targets and says which rows each holds; a
-``!`` after a ratio in the tables marks a missed target, and every row ends with its verdict.
-Targets hold float32 rows; float16 and bfloat16 rows are reported beside them without targets.
+``!`` after a ratio marks a missed target, a ``?`` an unsure one (its IQR straddles the target),
+and every row ends with its verdict (:func:`fovi_ref.check.bench.timing.verdict`). Targets hold
+float32 rows; float16 and bfloat16 rows are reported beside them without targets (see
+:data:`fovi_ref.check.bench.targets.LOW_PRECISION`).
 """
 
 from __future__ import annotations
@@ -31,23 +37,46 @@ from fovi_ref.check.jobs import layer_names, progress, shared_graph_groups
 from fovi_ref.geometry import RES18_DOWNSAMPLES, get_layer
 
 
-def verdicts(row: dict) -> dict[str, bool]:
-    """``{target name: met}`` for the targets that hold ``row``."""
-    return {t.name: row[t.ratio] <= t.at_most for t in targets.holding(row)}
+def ratio_of(row: dict, name: str) -> timing.Ratio:
+    """The :class:`~fovi_ref.check.bench.timing.Ratio` ``name`` of ``row`` (its median is
+    ``row[name]``, its quartiles ``row["iqr"][name]``)."""
+    low, high = row["iqr"].get(name, (row[name], row[name]))
+    return timing.Ratio(row[name], low, high, row["rounds"], name not in row["invalid"])
+
+
+def add_ratios(row: dict, timed: timing.Timing, pairs: dict[str, tuple[str, str]]) -> dict:
+    """``row`` with every ratio of ``pairs`` (``{name: (num, den)}``): its median as
+    ``row[name]``, its quartiles in ``row["iqr"]``, invalid ones listed in ``row["invalid"]``."""
+    row.setdefault("iqr", {})
+    row.setdefault("invalid", [])
+    for name, pair in pairs.items():
+        ratio = timed.ratio(*pair)
+        row[name], row["iqr"][name] = ratio.median, (ratio.low, ratio.high)
+        if not ratio.valid:
+            row["invalid"].append(name)
+    row |= {"rounds": timed.rounds, "stopped": timed.stop_note()}
+    row["ms iqr"] = {k: 1e3 * timed.measurement(k).iqr for k in timed.samples}
+    return row
+
+
+def verdicts(row: dict) -> dict[str, str]:
+    """``{target name: met / MISSED / unsure / invalid}`` for the targets that hold ``row``."""
+    return {t.name: timing.verdict(ratio_of(row, t.ratio), t.at_most) for t in targets.holding(row)}
 
 
 def mark(row: dict, ratio: str) -> str:
-    """``ratio``'s value in ``row``, followed by ``!`` if it misses a target that holds it."""
-    held = [t for t in targets.holding(row) if t.ratio == ratio]
-    missed = any(not row["verdicts"][t.name] for t in held)
-    return f"{row[ratio]:.2f}{'!' if missed else ''}"
+    """``ratio``'s value and spread in ``row``, then ``!`` (a missed target) or ``?`` (unsure);
+    ``invalid`` for a time below its floor."""
+    held = [row["verdicts"][t.name] for t in targets.holding(row) if t.ratio == ratio]
+    mark = timing.mark_of(timing.overall(held))
+    if ratio not in row["iqr"] and ratio not in row["invalid"]:  # counted (memory): no spread
+        return f"{row[ratio]:.2f}{mark}"
+    return ratio_of(row, ratio).text(mark)
 
 
 def verdict(row: dict) -> str:
-    """``met``, ``MISSED`` (some target missed) or ``-`` (no target holds the row)."""
-    if not row["verdicts"]:
-        return "-"
-    return "met" if all(row["verdicts"].values()) else "MISSED"
+    """The worst verdict of the row's targets (``-`` where none holds it)."""
+    return timing.overall(list(row["verdicts"].values()))
 
 
 def bench_downsamples(args, device, dtype_name, names) -> list[dict]:
@@ -59,7 +88,7 @@ def bench_downsamples(args, device, dtype_name, names) -> list[dict]:
         progress(i, len(jobs), f"bench {name} batch {batch} {dtype_name}")
         layer = get_layer(name)
         inputs = contenders.make_inputs(layer.meta.to(device), layer.out_channels, batch, dtype)
-        times = timing.time_contenders(
+        timed = timing.measure(
             {
                 "gather_gemm": contenders.knn_backend(inputs, "gather_gemm"),
                 "gather_gemm direct": contenders.knn_backend_direct(inputs, "gather_gemm"),
@@ -68,9 +97,11 @@ def bench_downsamples(args, device, dtype_name, names) -> list[dict]:
                 "conv2d floor": contenders.conv2d_floor(inputs),
                 "gemm floor": contenders.gemm_floor(inputs),
             },
+            ratios=[K1_RATIOS[t.ratio] for t in targets.LAYERS if t.ratio in K1_RATIOS],
+            floors={K1_RATIOS["gather_gemm / gemm floor"]: timing.FLOOR_VALID},
             repeats=args.repeats,
         )
-        gg = times["gather_gemm"]
+        times = timed.medians()
         kernels = {}
         if device.type == "cuda":  # launches per forward+backward, from the profiler
             for label, fn in (
@@ -79,21 +110,31 @@ def bench_downsamples(args, device, dtype_name, names) -> list[dict]:
             ):
                 counts = profile.op_counts(profile.profile_contender(fn, device))
                 kernels[label] = counts.get("cuda kernels", 0)
-        rows.append(
-            {
-                "layer": name,
-                "batch": batch,
-                "dtype": dtype_name,
-                "cuda kernels": kernels,
-                "ms": {k: 1e3 * v for k, v in times.items()},
-                "gather_gemm / einsum (fovi)": gg / times["einsum (fovi)"],
-                "gather_gemm / conv2d floor": gg / times["conv2d floor"],
-                "gather_gemm / gemm floor": gg / times["gemm floor"],
-                "gather_gemm / general": gg / times["general"],
-                "custom op / direct": gg / times["gather_gemm direct"],
-            }
-        )
+        row = {
+            "layer": name,
+            "batch": batch,
+            "dtype": dtype_name,
+            "cuda kernels": kernels,
+            "ms": {k: 1e3 * v for k, v in times.items()},
+        }
+        rows.append(add_ratios(row, timed, K1_RATIOS))
     return rows
+
+
+K1_RATIOS = {
+    "gather_gemm / einsum (fovi)": ("gather_gemm", "einsum (fovi)"),
+    "gather_gemm / conv2d floor": ("gather_gemm", "conv2d floor"),
+    "gather_gemm / gemm floor": ("gather_gemm", "gemm floor"),
+    "gather_gemm / general": ("gather_gemm", "general"),
+    "custom op / direct": ("gather_gemm", "gather_gemm direct"),
+}
+"""The ratios of a K = 1 row, ``{name: (numerator, denominator)}``, from the paired rounds."""
+GENERAL_RATIOS = {
+    "general / einsum time": ("general", "einsum (fovi)"),
+    "gemm floor / einsum time": ("gemm floor", "einsum (fovi)"),
+    "general / gemm floor": ("general", "gemm floor"),
+}
+"""The timed ratios of a K > 1 row."""
 
 
 def bench_general(args, device, dtype_name, names) -> list[dict]:
@@ -111,25 +152,28 @@ def bench_general(args, device, dtype_name, names) -> list[dict]:
             "general": contenders.knn_backend(inputs, "general"),
             "einsum (fovi)": contenders.fovi_einsum(inputs),
         }
-        times = timing.time_contenders(
-            {**timed, "gemm floor": contenders.gemm_floor(inputs)}, repeats=args.repeats
+        measured = timing.measure(
+            {**timed, "gemm floor": contenders.gemm_floor(inputs)},
+            ratios=[
+                GENERAL_RATIOS["general / einsum time"],
+                GENERAL_RATIOS["general / gemm floor"],
+            ],
+            floors={GENERAL_RATIOS["general / gemm floor"]: timing.FLOOR_VALID},
+            repeats=args.repeats,
         )
         memory = {k: timing.peak_memory_bytes(f, device) for k, f in timed.items()}
-        rows.append(
-            {
-                "layer": ", ".join(members),
-                "batch": batch,
-                "dtype": dtype_name,
-                "K": layer.meta.k,
-                "ms": {k: 1e3 * v for k, v in times.items()},
-                "MiB": {k: v / 2**20 for k, v in memory.items()},
-                "general / einsum time": times["general"] / times["einsum (fovi)"],
-                # The best any implementation running these three GEMMs could reach.
-                "gemm floor / einsum time": times["gemm floor"] / times["einsum (fovi)"],
-                "general / gemm floor": times["general"] / times["gemm floor"],
-                "general / einsum peak memory": memory["general"] / memory["einsum (fovi)"],
-            }
-        )
+        row = {
+            "layer": ", ".join(members),
+            "batch": batch,
+            "dtype": dtype_name,
+            "K": layer.meta.k,
+            "ms": {k: 1e3 * v for k, v in measured.medians().items()},
+            "MiB": {k: v / 2**20 for k, v in memory.items()},
+            # Peak bytes are counted, not timed: no spread.
+            "general / einsum peak memory": memory["general"] / memory["einsum (fovi)"],
+        }
+        # "gemm floor / einsum time": the best any implementation running these GEMMs could reach.
+        rows.append(add_ratios(row, measured, GENERAL_RATIOS))
     return rows
 
 
@@ -161,12 +205,17 @@ def run(args) -> None:
         gen_rows += _with_verdicts(
             bench_general(args, device, dtype_name, general) if general else []
         )
-    print(f"\nbench on {device}, median of {args.repeats} interleaved rounds")
-    print("ratios < 1 mean the first is faster; '!' marks a missed target; targets hold float32")
+    print(f"\nbench on {device}, at least {args.repeats} interleaved rounds per row, more until")
+    print(f"every target ratio's IQR is within {timing.BAND:.0%} of its median (or a time cap)")
+    print("cell: median ratio ± half its IQR over the rounds; < 1: the first is faster")
+    print("verdict: met (IQR at or below the target), MISSED '!' (above), unsure '?' (straddles),")
+    print("invalid (a time below the GEMM floor: no result); targets hold float32 rows only:")
+    print(targets.LOW_PRECISION)
     if ds_rows:
         print_downsample_table(ds_rows)
     if gen_rows:
         print_general_table(gen_rows)
+    print_summary(ds_rows + gen_rows)
     print(f"\nbench took {time.perf_counter() - start:.0f} s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -203,21 +252,31 @@ def write_set(out: Path, writers: dict) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def print_summary(rows: list[dict]) -> None:
+    """Counts of the row verdicts, and every row the band did not settle."""
+    counts = {v: [verdict(r) for r in rows].count(v) for v in timing.VERDICTS}
+    print("\nverdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+    for r in rows:
+        if "cap" in r["stopped"] or "floor" in r["stopped"]:
+            print(f"  {alias_of(r['layer'])[:33]} {r['dtype']} B={r['batch']}: {r['stopped']}")
+
+
 def print_downsample_table(rows: list[dict]) -> None:
     einsum, conv2d, small, big = (t.at_most for t in targets.LAYERS[:4])
     print(f"\nK = 1 layers (float32 targets: /einsum <= {einsum}, /conv2d <= {conv2d}, "
           f"/gemm floor <= {small} below batch 256, else {big})")  # fmt: skip
     print(
-        f"{'layer':<11}{'dtype':<10}{'batch':>6}{'gg ms':>9}{'/einsum':>9}{'/conv2d':>9}"
-        f"{'/gemm fl':>9}{'/general':>9}{'op/direct':>10}{'verdict':>9}"
+        f"{'layer':<11}{'dtype':<9}{'batch':>6}{'gg ms':>8}{'/einsum':>11}{'/conv2d':>11}"
+        f"{'/gemm fl':>11}{'/general':>11}{'op/direct':>11}{'verdict':>9}"
     )
     for r in rows:
         kernels = r["cuda kernels"]
         print(
-            f"{alias_of(r['layer']):<11}{r['dtype']:<10}{r['batch']:>6}"
-            f"{r['ms']['gather_gemm']:>9.2f}{mark(r, 'gather_gemm / einsum (fovi)'):>9}"
-            f"{mark(r, 'gather_gemm / conv2d floor'):>9}{mark(r, 'gather_gemm / gemm floor'):>9}"
-            f"{r['gather_gemm / general']:>9.2f}{r['custom op / direct']:>10.2f}{verdict(r):>9}"
+            f"{alias_of(r['layer']):<11}{r['dtype']:<9}{r['batch']:>6}"
+            f"{r['ms']['gather_gemm']:>8.2f}{mark(r, 'gather_gemm / einsum (fovi)'):>11}"
+            f"{mark(r, 'gather_gemm / conv2d floor'):>11}{mark(r, 'gather_gemm / gemm floor'):>11}"
+            f"{mark(r, 'gather_gemm / general'):>11}{mark(r, 'custom op / direct'):>11}"
+            f"{verdict(r):>9}"
             + (
                 f"  kernels {kernels['gather_gemm']} vs conv2d {kernels['conv2d floor']}"
                 if kernels
@@ -233,28 +292,31 @@ def print_general_table(rows: list[dict]) -> None:
     print("time = general / einsum; floor = the three GEMMs of the layer alone / einsum (no")
     print("implementation that runs those GEMMs can have a time below it); /floor = time / floor")
     print(
-        f"{'layers':<34}{'K':>3}{'dtype':>10}{'batch':>6}{'gen ms':>9}{'time':>7}{'floor':>7}"
-        f"{'/floor':>8}{'memory':>8}{'verdict':>9}"
+        f"{'layers':<24}{'K':>3}{'dtype':>9}{'batch':>6}{'gen ms':>8}{'time':>11}{'floor':>11}"
+        f"{'/floor':>11}{'memory':>7}{'verdict':>9}"
     )
     for r in rows:
         print(
-            f"{r['layer'][:33]:<34}{r['K']:>3}{r['dtype']:>10}{r['batch']:>6}"
-            f"{r['ms']['general']:>9.2f}{mark(r, 'general / einsum time'):>7}"
-            f"{r['gemm floor / einsum time']:>7.2f}{mark(r, 'general / gemm floor'):>8}"
-            f"{mark(r, 'general / einsum peak memory'):>8}{verdict(r):>9}"
+            f"{r['layer'][:23]:<24}{r['K']:>3}{r['dtype']:>9}{r['batch']:>6}"
+            f"{r['ms']['general']:>8.2f}{mark(r, 'general / einsum time'):>11}"
+            f"{mark(r, 'gemm floor / einsum time'):>11}{mark(r, 'general / gemm floor'):>11}"
+            f"{mark(r, 'general / einsum peak memory'):>7}{verdict(r):>9}"
         )
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
-    """One line per row and target that holds it: the ratio, the target, whether it is met."""
+    """One line per row and target that holds it: the ratio, its quartiles, the target and the
+    verdict."""
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["layer", "batch", "dtype", "target", "ratio", "limit", "met"])
+        head = ["layer", "batch", "dtype", "target", "ratio", "q1", "q3", "limit", "verdict"]
+        writer.writerow(head)
         for r in rows:
             for t in targets.holding(r):
-                met = r["verdicts"][t.name]
-                ratio = f"{r[t.ratio]:.3f}"
-                writer.writerow([r["layer"], r["batch"], r["dtype"], t.name, ratio, t.at_most, met])
+                ratio = ratio_of(r, t.ratio)
+                cells = [f"{v:.3f}" for v in (ratio.median, ratio.low, ratio.high)]
+                writer.writerow([r["layer"], r["batch"], r["dtype"], t.name, *cells, t.at_most,
+                                 r["verdicts"][t.name]])  # fmt: skip
 
 
 def _row_target(row: dict, ratio: str) -> float | None:

@@ -4,8 +4,10 @@ Notebooks, visualisation and single-image checks run at batch 1 to 16, where fix
 and layout pathologies show (a strided view that makes row gathers 30x slower once cost general 4x
 more at batch 2 than at batch 1). For every distinct res18 graph, forward + backward of the routed
 backend through ``knn_conv`` against fovi's einsum path (plain autograd), side by side, at each
-batch size: the table gives milliseconds per sample of the routed backend and the ratio, whose
-target is :data:`fovi_ref.check.bench.targets.SCALING` at every batch.
+batch size: the table gives the ratio with its spread (median ± half the IQR of the per-round
+ratios, :func:`fovi_ref.check.bench.timing.measure`), whose target is
+:data:`fovi_ref.check.bench.targets.SCALING` at every batch, and a cell's verdict mark (``!``
+MISSED, ``?`` unsure); the rows also keep milliseconds per sample of the routed backend.
 """
 
 from __future__ import annotations
@@ -13,9 +15,8 @@ from __future__ import annotations
 import torch
 
 from fovi_ref import dtype_name, route
-from fovi_ref.check.bench import targets
+from fovi_ref.check.bench import targets, timing
 from fovi_ref.check.bench.contenders import fovi_einsum, knn_backend, make_inputs
-from fovi_ref.check.bench.timing import time_contenders
 from fovi_ref.check.jobs import layer_names, progress, shared_graph_groups
 from fovi_ref.geometry import get_layer
 
@@ -23,6 +24,8 @@ __all__ = ["BATCHES", "run", "scaling_rows"]
 
 BATCHES = (1, 2, 4, 8, 16)
 """The batch sizes timed per graph."""
+CAP_S = 8.0
+"""Seconds one cell may take before it stops adding rounds (55 cells)."""
 
 
 def scaling_rows(
@@ -33,7 +36,7 @@ def scaling_rows(
     dtype=torch.float32,
 ) -> list[dict]:
     """One row per distinct graph: ``{"layers", "backend", "ms per sample": {B: ms},
-    "ratio": {B: routed / einsum}}``."""
+    "ratio": {B: routed / einsum, a Ratio}, "stopped": {B: how its measurement ended}}``."""
     names = layer_names(names)
     groups = shared_graph_groups(names, {name: get_layer(name) for name in names})
     rows = []
@@ -41,18 +44,19 @@ def scaling_rows(
         layer = get_layer(members[0])
         meta, backend = layer.meta.to(device), route(layer.meta)
         progress(i, len(groups), f"batch scaling {members[0]}")
-        per_sample, ratio = {}, {}
+        per_sample, ratio, stopped = {}, {}, {}
         for batch in batches:
             inputs = make_inputs(meta, layer.out_channels, batch, dtype)
-            times = time_contenders(
+            timed = timing.measure(
                 {"routed": knn_backend(inputs, backend), "einsum": fovi_einsum(inputs)},
+                ratios=[("routed", "einsum")],
                 repeats=repeats,
+                cap_s=CAP_S,
             )
-            per_sample[batch] = 1e3 * times["routed"] / batch
-            ratio[batch] = times["routed"] / times["einsum"]
-        rows.append(
-            {"layers": members, "backend": backend, "ms per sample": per_sample, "ratio": ratio}
-        )
+            per_sample[batch] = 1e3 * timed.median("routed") / batch
+            ratio[batch], stopped[batch] = timed.ratio("routed", "einsum"), timed.stopped
+        rows.append({"layers": members, "backend": backend, "ms per sample": per_sample,
+                     "ratio": ratio, "stopped": stopped})  # fmt: skip
     return rows
 
 
@@ -68,24 +72,28 @@ def run(names=None, repeats: int = 7, device: str = "cpu", dtype=torch.float32) 
         if target
         else f"no target: <= {targets.SCALING.at_most} holds float32"
     )
-    print(f"cell: ms per sample of the routed backend, then the ratio ({held})")
-    header = f"{'layer':<22}{'backend':<12}" + "".join(f"{'B=' + str(b):>13}" for b in BATCHES)
-    print(header)
+    print(f"cell: routed / einsum, median ± half the IQR over the rounds ({held});")
+    print("'!' MISSED (the IQR above the target), '?' unsure (it straddles the target)")
+    print(f"{'layer':<22}{'backend':<12}" + "".join(f"{'B=' + str(b):>13}" for b in BATCHES))
+    verdicts = {}
     for r in rows:
+        for b in BATCHES:
+            verdicts[r["layers"][0], b] = timing.verdict(r["ratio"][b], target) if target else "-"
         cells = "".join(
-            f"{r['ms per sample'][b]:>7.2f} {r['ratio'][b]:4.2f}"
-            + ("!" if target is not None and r["ratio"][b] > target else " ")
+            f"{r['ratio'][b].text(timing.mark_of(verdicts[r['layers'][0], b])):>12} "
             for b in BATCHES
         )
         first = r["layers"][0] + (f" +{len(r['layers']) - 1}" if len(r["layers"]) > 1 else "")
         print(f"{first[:21]:<22}{r['backend']:<12}{cells}")
+    capped = sum(s == "cap" for r in rows for s in r["stopped"].values())
+    cells = len(rows) * len(BATCHES)
+    print(f"{cells - capped} of {cells} cells reached the {timing.BAND:.0%} band, {capped} the cap")
     if target is not None:
-        missed = [
-            f"{r['layers'][0]} B={b}" for r in rows for b in BATCHES if r["ratio"][b] > target
-        ]
-        cells = len(rows) * len(BATCHES)
-        verdict = "met" if not missed else "MISSED"
-        print(f"verdict: {verdict}, {cells - len(missed)} of {cells} cells meet the target")
-        for i in range(0, len(missed), 4):
-            print("  missed: " + ", ".join(missed[i : i + 4]))
+        met = [k for k, v in verdicts.items() if v == "met"]
+        print(f"verdict: {timing.overall(list(verdicts.values()))}, {len(met)} of {cells} cells "
+              "meet the target")  # fmt: skip
+        for kind in ("MISSED", "unsure"):
+            listed = [f"{layer} B={b}" for (layer, b), v in verdicts.items() if v == kind]
+            for i in range(0, len(listed), 4):
+                print(f"  {kind}: " + ", ".join(listed[i : i + 4]))
     return rows
