@@ -139,6 +139,16 @@ class KNNConv(nn.Module):
         self._graph_lost = not same
         return self
 
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        # torch judges the keys after loading; a strict load of this layer judges them first, so
+        # that it changes nothing when refused (inside a container torch decides: see README).
+        keys, own = set(state_dict), set(self.state_dict(keep_vars=True))
+        if strict and keys != own:
+            raise RuntimeError(f"Error(s) in loading state_dict for KNNConv: missing keys "
+                               f"{sorted(own - keys)}, unexpected keys {sorted(keys - own)}; "
+                               "nothing was loaded")  # fmt: skip
+        return super().load_state_dict(state_dict, strict, assign)
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, errors):  # fmt: skip
         # Validate everything taken from the state dict first: a refused load changes nothing.
