@@ -8,6 +8,11 @@ receives no gradient), ``rf_index [Nout, K]`` (int64 cells in ``[0, V)``; fovi s
 as ``local_rf [Nout, K, V]``), and ``n_in``, ``in_channels``, ``V``. Every public construction
 validates the index tensors once and keeps private int64 copies; backends then trust the meta.
 
+**Sizes.** Backends index ``Cin*(Nin+1)`` rows of ``x`` (padding included), ``Cin*V*Nout`` cells
+and ``Cin*K*Nout`` entries; a meta refuses a count past ``2**31``. A policy, not int64's limit:
+every index then fits in int32 too, and a backend's int64 plans (a few arrays of such a count)
+stay within tens of GiB; ``n_in = 2**40`` made ``general`` ask for 32 TiB when a layer was built.
+
 **Derived data lives on the meta.** What a backend precomputes (a gather index, segment-sum
 plans, a scatter matrix) is a pure function of the meta, kept on it by :meth:`KNNMeta.derived`,
 carried by ``deepcopy``, ``pickle`` and :meth:`KNNMeta.to`; no module-level cache.
@@ -89,9 +94,8 @@ class KNNMeta:
 
     __slots__ = ("knn", "rf_index", "n_in", "in_channels", "v", "_derived", "__weakref__")
 
-    def __init__(
-        self, knn: torch.Tensor, rf_index: torch.Tensor, n_in: int, in_channels: int, v: int
-    ) -> None:
+    def __init__(self, knn: torch.Tensor, rf_index: torch.Tensor, n_in: int, in_channels: int,
+                 v: int) -> None:  # fmt: skip
         n_in = check_int("n_in", n_in, low=1)
         in_channels = check_int("in_channels", in_channels, low=1)
         v = check_int("v", v, low=1)
@@ -106,16 +110,21 @@ class KNNMeta:
         if rf_index.device != knn.device:
             raise ValueError(f"knn and rf_index must be on one device, got {knn.device} and "
                              f"{rf_index.device}")  # fmt: skip
+        rows = {"(n_in + 1)": n_in + 1, "v * n_out": v * n_out, "k * n_out": knn.numel()}
+        for what, count in rows.items():  # see "Sizes" above
+            if in_channels * count > 2**31:
+                raise ValueError(f"in_channels * {what} = {in_channels * count} exceeds 2**31")
         _check_range("knn", knn, 0, n_in, f"n_in = {n_in} marks padding")
         _check_range("rf_index", rf_index, 0, v - 1, f"v = {v} cells")
         # Private contiguous copies: the meta must not change if the caller edits its tensors.
         self._init(knn.clone().contiguous(), rf_index.clone().contiguous(), n_in, in_channels, v)
 
-    def _init(self, knn, rf_index, n_in, in_channels, v, derived=None) -> None:
+    def _init(self, knn, rf_index, n_in, in_channels, v, derived=None) -> KNNMeta:
         # object.__setattr__ because __setattr__ below refuses every assignment.
         values = (knn, rf_index, n_in, in_channels, v, {} if derived is None else derived)
         for name, value in zip(self.__slots__[:6], values, strict=True):
             object.__setattr__(self, name, value)
+        return self
 
     @classmethod
     def trusted(cls, knn: torch.Tensor, rf_index: torch.Tensor, n_in: int, in_channels: int,
@@ -123,9 +132,7 @@ class KNNMeta:
         """A meta over tensors validated before, *not* validated or copied again: for a
         ``KNNConv`` building its meta from its buffers, the custom op, unpickling. ``derived``
         maps a backend name to its derived data (see :meth:`derived`)."""
-        meta = object.__new__(cls)
-        meta._init(knn, rf_index, n_in, in_channels, v, derived)
-        return meta
+        return object.__new__(cls)._init(knn, rf_index, n_in, in_channels, v, derived)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"KNNMeta is immutable; build a new one instead of setting {name!r}")
@@ -255,11 +262,19 @@ class KNNMeta:
                                f"cannot be derived while compiling; call fovi_ref.prepare(meta, "
                                f"{backend!r}) before torch.compile (KNNConv layers prepare "
                                "their own)")  # fmt: skip
-        return self._derived.setdefault(backend, derive(self))
+        data = derive(self)
+        if not isinstance(data, dict) or not all(
+            isinstance(key, str) and isinstance(t, torch.Tensor) for key, t in data.items()
+        ):
+            raise TypeError(f"backend {backend!r}: derive(meta) must return a dict of str -> "
+                            f"torch.Tensor, got {data!r:.80}")  # fmt: skip
+        return self._derived.setdefault(backend, data)
 
     def to(self, device: torch.device | str) -> KNNMeta:
         """The graph and its derived data on ``device`` (``self`` if already there)."""
         device = torch.device(device)
+        if device.type == "meta":
+            raise ValueError("device: a KNNMeta cannot move to the 'meta' device (no values)")
         if device.type == self.device.type and (device.index is None or device == self.device):
             return self
         derived = {name: {key: t.to(device) for key, t in data.items()}
@@ -269,6 +284,8 @@ class KNNMeta:
 
     def same_graph(self, other: KNNMeta) -> bool:
         """True when ``other`` describes the same graph (sizes and index tensors equal)."""
+        if not isinstance(other, KNNMeta):
+            raise TypeError(f"other must be a fovi_ref.KNNMeta, got {type(other).__name__}")
         sizes = (self.n_in, self.in_channels, self.v) == (other.n_in, other.in_channels, other.v)
         same = self.knn.shape == other.knn.shape and torch.equal(self.knn.cpu(), other.knn.cpu())
         return sizes and same and torch.equal(self.rf_index.cpu(), other.rf_index.cpu())

@@ -280,3 +280,71 @@ def test_threads_deriving_at_once_agree():
     for t in threads:
         t.join()
     assert len(results) == 8 and all(torch.equal(r, results[0]) for r in results)
+
+
+# ------------------------------------------------- issue 19: refused with the argument named
+def test_same_graph_refuses_what_is_not_a_meta():
+    with pytest.raises(TypeError, match="other must be a fovi_ref.KNNMeta, got str"):
+        random_meta(4, 4).same_graph("x")
+
+
+def test_a_meta_is_not_moved_to_the_meta_device():
+    meta = random_meta(4, 4)
+    with pytest.raises(ValueError, match="'meta' device"):
+        meta.to("meta")
+    assert meta.device.type == "cpu" and meta.same_graph(random_meta(4, 4))
+
+
+@pytest.mark.parametrize(
+    "sizes,message",
+    [
+        ({"n_in": 2**40}, r"in_channels \* \(n_in \+ 1\)"),
+        ({"n_in": 2**62}, r"in_channels \* \(n_in \+ 1\)"),
+        ({"in_channels": 2**40}, r"in_channels \* \(n_in \+ 1\)"),
+        ({"v": 2**40}, r"in_channels \* v \* n_out"),
+        ({"in_channels": 2**27, "n_in": 4}, r"in_channels \* k \* n_out"),
+    ],
+)
+def test_sizes_no_index_can_address_are_refused(sizes, message):
+    """n_in = 2**40 was accepted, and a layer on it then asked for 32 TiB."""
+    knn = torch.zeros(20, 1, dtype=torch.long)  # [K, Nout]: K * Nout = 20
+    args = {"n_in": 4, "in_channels": 2, "v": 3, **sizes}
+    with pytest.raises(ValueError, match=message + r" = \d+ exceeds 2\*\*31"):
+        KNNMeta(knn, torch.zeros(1, 20, dtype=torch.long), *args.values())
+
+
+def test_sizes_at_the_bound_are_accepted():
+    knn = torch.zeros(1, 1, dtype=torch.long)
+    meta = KNNMeta(knn, knn, 2**30 - 1, 2, 1)  # in_channels * (n_in + 1) = 2**31
+    assert meta.n_in == 2**30 - 1
+
+
+class _ListDerive:
+    name = "list_derive"
+    grad_input = grad_weight = None
+
+    @staticmethod
+    def derive(meta):
+        return [meta.knn]
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        raise AssertionError("not reached")
+
+
+@pytest.mark.parametrize("result", [[torch.zeros(1)], {"a": [1]}, {1: torch.zeros(1)}])
+def test_a_derive_that_returns_no_dict_of_tensors_names_the_backend(result):
+    from fovi_ref import prepare
+
+    meta = random_meta(4, 4)
+    with pytest.raises(TypeError, match="backend 'mine': derive.* must return a dict"):
+        meta.derived("mine", lambda m: result)
+    assert "mine" not in meta._derived  # nothing kept
+    from fovi_ref import register_ops, unregister_ops
+
+    register_ops(_ListDerive)
+    try:
+        with pytest.raises(TypeError, match="backend 'list_derive': derive"):
+            prepare(meta, "list_derive")
+    finally:
+        unregister_ops("list_derive")
