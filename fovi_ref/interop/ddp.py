@@ -86,9 +86,9 @@ def sync_graphs(model: nn.Module, group: dist.ProcessGroup | None = None) -> lis
 def exclude_graphs(model: nn.Module, group: dist.ProcessGroup | None = None) -> nn.Module:
     """Prepare the root ``model`` for ``DistributedDataParallel(model, process_group=group)``:
     :func:`sync_graphs`, then add :func:`graph_buffer_names` to the list of buffers DDP ignores,
-    so that no graph is broadcast, at construction or per step. Call it on every rank, after the
-    graphs and forced backends are final (another backend's derived data has other names), and
-    returns ``model``."""
+    so that no graph is broadcast, at construction or per step. Call it on every rank, with the
+    model on its device (NCCL reduces CUDA tensors), after the graphs and forced backends are
+    final (another backend's derived data has other names); returns ``model``."""
     sync_graphs(model, group)
     ignored = list(getattr(model, _IGNORE, []))
     setattr(model, _IGNORE, ignored + [n for n in graph_buffer_names(model) if n not in ignored])
