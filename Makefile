@@ -8,10 +8,10 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: venv test notebooks lab render lint format bench verify properties mutations
 
-venv:            ## .venv with the pinned torch and the dev tools
+venv:            ## .venv with the pinned torch, the dev tools and the onnx extra
 	python3.11 -m venv .venv
 	.venv/bin/pip install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	.venv/bin/pip install -e ".[dev]"
+	.venv/bin/pip install -e ".[dev,onnx]"
 
 test:            ## unit tests and every notebook, outputs compared (what CI runs)
 	$(PY) -m pytest --nbval

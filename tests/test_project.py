@@ -6,6 +6,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -19,7 +21,7 @@ def environment_yml_requirements() -> set[str]:
 
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = set(project["dependencies"]) | set(project["optional-dependencies"]["dev"])
+    declared = set(project["dependencies"]).union(*project["optional-dependencies"].values())
     assert environment_yml_requirements() == declared
 
 
@@ -66,21 +68,29 @@ def import_levels(graph: dict[str, set[str]]) -> dict[str, int]:
     return levels
 
 
-def test_the_op_never_imports_the_harness_and_nothing_cycles():
+# Around the op: the harness (fovi_ref.check) and interop (ONNX, DDP). The op imports neither,
+# interop does not import the harness, and both reach the op through its public names.
+OUTSIDE = ("fovi_ref.check", "fovi_ref.interop")
+
+
+def test_the_op_never_imports_the_harness_or_interop_and_nothing_cycles():
     graph = import_graph()
     import_levels(graph)  # raises on a cycle
-    op = {m for m in graph if not m.startswith("fovi_ref.check") and m != "fovi_ref.__main__"}
-    assert not {(m, d) for m in op for d in graph[m] if d.startswith("fovi_ref.check")}
+    op = {m for m in graph if not m.startswith(OUTSIDE) and m != "fovi_ref.__main__"}
+    assert not {(m, d) for m in op for d in graph[m] if d.startswith(OUTSIDE)}
+    interop = {m for m in graph if m.startswith("fovi_ref.interop")}
+    assert not {(m, d) for m in interop for d in graph[m] if d.startswith("fovi_ref.check")}
 
 
-def test_the_harness_reaches_the_op_through_public_names_only():
+@pytest.mark.parametrize("outside", OUTSIDE)
+def test_the_harness_and_interop_reach_the_op_through_public_names_only(outside):
     import ast
 
     private = []
-    for path in (PACKAGE / "check").rglob("*.py"):
+    for path in (PACKAGE / outside.split(".")[1]).rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             module = node.module or "" if isinstance(node, ast.ImportFrom) else ""
-            if module.startswith("fovi_ref") and not module.startswith("fovi_ref.check"):
+            if module.startswith("fovi_ref") and not module.startswith(outside):
                 private += [(path.name, a.name) for a in node.names if a.name.startswith("_")]
             if (
                 isinstance(node, ast.Attribute)

@@ -31,13 +31,15 @@ def test_quick_start_gives_two_commands_main_job_then_tests():
 
 def test_quick_start_command_2_installs_what_ci_installs():
     """The tests need fovi 2.4.0 (tests/test_fovi_upstream.py, notebook 05): command 2 installs
-    it as .ci/run does, without dependency resolution, after fovi_ref with its dev tools."""
+    it as .ci/run does, without dependency resolution, after fovi_ref with its dev tools and its
+    onnx extra (tests/test_onnx.py)."""
     quick = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     command = [line for line in quick.splitlines() if line.endswith("pytest --nbval")][0]
     ci = (ROOT / ".ci" / "run").read_text()
-    for step in ('-e ".[dev]"', "--no-deps -r scripts/fovi-requirements.txt", "pytest --nbval"):
+    install = '-e ".[dev,onnx]"'
+    for step in (install, "--no-deps -r scripts/fovi-requirements.txt", "pytest --nbval"):
         assert step in command and step in ci
-    assert command.index('-e ".[dev]"') < command.index("fovi-requirements.txt")
+    assert command.index(install) < command.index("fovi-requirements.txt")
 
 
 def test_notebook_section_counts_and_commands_hold():
