@@ -33,7 +33,7 @@ import fovi_ref.knn_transforms as transforms
 from fovi_ref.knn_gather_gemm import GatherGemmOps, gather_gemm_applies
 from fovi_ref.knn_general import GeneralOps
 from fovi_ref.layout import fovi_layout_empty
-from fovi_ref.meta import DTYPES, Derived, KNNMeta
+from fovi_ref.meta import DTYPES, Derived, KNNMeta, check_dense
 from fovi_ref.registry import get_ops
 
 __all__ = ["derive_for", "knn_conv", "prepare", "route", "route_layer"]
@@ -79,8 +79,10 @@ def _check_call(x, weight, bias, meta, backend) -> Any:
         if not isinstance(t, torch.Tensor) and not (name == "bias" and t is None):
             what = "a torch.Tensor or None" if name == "bias" else "a torch.Tensor"
             raise TypeError(f"{name} must be {what}, got {type(t).__name__}")
-        if t is not None and t.layout != torch.strided:
-            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+        if t is not None:
+            check_dense(name, t)
+    if x.is_meta:  # knn_conv did not ask autocast about its device (a RuntimeError)
+        raise ValueError("x is on the 'meta' device: knn_conv computes values, and it has none")
     if x.dtype not in DTYPES.values():
         raise TypeError(f"x must be float16, bfloat16, float32 or float64, got {x.dtype}")
     if x.dim() != 3 or x.shape[1] != meta.in_channels or x.shape[2] != meta.n_in:
@@ -228,7 +230,7 @@ def knn_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, m
     ``bias [Cout]`` or ``None``, all float16/bfloat16/float32/float64 of one dtype. ``backend``:
     a registered name, or (eager) any object following the protocol; ``None`` asks :func:`route`.
     Differentiable (first order); ``TypeError``/``ValueError`` name a bad argument up front."""
-    cast = isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type)
+    cast = not getattr(x, "is_meta", True) and torch.is_autocast_enabled(x.device.type)
     if cast:  # autocast's rule, as for F.linear: floating tensors but float64 to its dtype
         to = torch.get_autocast_dtype(x.device.type)
         x, weight, bias = (
