@@ -1,6 +1,7 @@
 """The eager door's Function under ordinary autograd use: in-place ops on its output, saving only
 what the requested gradients read, and a backend that breaks the operand pair named at the call.
-Each test here failed before the Function was written in the setup_context style."""
+Each test here failed before this Function (issue 19), except the compiled-door check, whose
+door already took in-place ops."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 from conftest import random_meta, sample_inputs
 
-from fovi_ref import available_ops, get_ops, knn_conv
+from fovi_ref import available_ops, get_ops, knn_conv, prepare
+from fovi_ref.check.protocol import policed
 from fovi_ref.reference import knn_conv_reference
 
 GRAPHS = {"general": (9, 9), "gather_gemm": (1, 1), "einsum_baseline": (4, 4)}
@@ -105,3 +107,27 @@ def test_a_backend_breaking_the_operand_pair_is_named_in_eager_mode(result):
     meta, x, w, b = operands("general")
     with pytest.raises(TypeError, match="'broken_pair': forward_with_operand must return"):
         knn_conv(x, w, b, meta, backend=broken_pair(result))
+
+
+def test_in_place_ops_work_in_the_compiled_door_too():
+    meta, x, w, b = operands("general")
+    prepare(meta)  # compiled code finds the derived data ready
+
+    def f(x, w, b):
+        y = knn_conv(x, w, b, meta)
+        y += 1
+        return y.relu_()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")  # the custom op's door
+    grad_y = torch.randn(x.shape[0], w.shape[0], meta.n_out, dtype=x.dtype)
+    y, y_ref = compiled(x, w, b), f(x, w, b)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad(y, (x, w, b), grad_y)
+    for got, want in zip(grads, torch.autograd.grad(y_ref, (x, w, b), grad_y), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_policed_backend_refuses_a_none_operand_too():
+    meta, x, w, b = operands("general")
+    with pytest.raises(TypeError, match=r"'broken_pair'.*got \['Tensor', 'NoneType'\]"):
+        policed(broken_pair(lambda y: (y, None))).forward_with_operand(meta, x, w, b)
