@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 
+import fovi_ref.knn_transforms as transforms
 from fovi_ref.knn_gather_gemm import GatherGemmOps, gather_gemm_applies
 from fovi_ref.knn_general import GeneralOps
 from fovi_ref.layout import fovi_layout_empty
-from fovi_ref.meta import DTYPES, Derived, KNNMeta
+from fovi_ref.meta import DTYPES, Derived, KNNMeta, check_dense
 from fovi_ref.registry import get_ops
 
 __all__ = ["derive_for", "knn_conv", "prepare", "route", "route_layer"]
@@ -78,8 +79,10 @@ def _check_call(x, weight, bias, meta, backend) -> Any:
         if not isinstance(t, torch.Tensor) and not (name == "bias" and t is None):
             what = "a torch.Tensor or None" if name == "bias" else "a torch.Tensor"
             raise TypeError(f"{name} must be {what}, got {type(t).__name__}")
-        if t is not None and t.layout != torch.strided:
-            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+        if t is not None:
+            check_dense(name, t)
+    if x.is_meta:  # knn_conv did not ask autocast about its device (a RuntimeError)
+        raise ValueError("x is on the 'meta' device: knn_conv computes values, and it has none")
     if x.dtype not in DTYPES.values():
         raise TypeError(f"x must be float16, bfloat16, float32 or float64, got {x.dtype}")
     if x.dim() != 3 or x.shape[1] != meta.in_channels or x.shape[2] != meta.n_in:
@@ -107,55 +110,49 @@ def _check_call(x, weight, bias, meta, backend) -> Any:
 
 
 # ------------------------------------------------------------------------------- eager door
+def _forward(x, weight, bias, meta, ops, keep):
+    """``(y [B, Cout, Nout], operand)``: the backend's forward, or with ``keep`` its
+    ``forward_with_operand`` (the weight gradient's GEMM re-reads what the forward GEMM read)."""
+    # y detached: fovi's layout is a view, and autograd refuses in-place ops (y += r) on a view
+    # made inside a Function; detached, it takes them as fovi's output does, and nothing is copied.
+    if not keep:
+        return ops.forward(meta, x, weight, bias).detach(), None
+    pair = ops.forward_with_operand(meta, x, weight, bias)
+    if not isinstance(pair, tuple) or len(pair) != 2 or pair[1] is None:
+        raise TypeError(f"backend {ops.name!r}: forward_with_operand must return a pair (y, "
+                        "operand), the operand a tensor")  # fmt: skip
+    return pair[0].detach(), pair[1]
+
+
 class _KNNConvFunction(torch.autograd.Function):
-    """The backend's functions, handed the meta; the weight gradient reads ``x`` or the operand."""
+    """The backend's functions, handed the meta; the rules are :mod:`fovi_ref.knn_transforms`'."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, meta, ops):
-        ctx.meta, ctx.ops, ctx.has_bias = meta, ops, bias is not None
-        ctx.kept_operand = hasattr(ops, "forward_with_operand") and ctx.needs_input_grad[1]
-        if ctx.kept_operand:  # the weight gradient's GEMM re-reads what the forward GEMM read
-            y, operand = ops.forward_with_operand(meta, x, weight, bias)
-            ctx.save_for_backward(operand, weight)
-        else:
-            y = ops.forward(meta, x, weight, bias)
-            ctx.save_for_backward(x, weight)
-        return y  # [B, Cout, Nout]
+    def forward(ctx, *inputs):
+        output = _forward(*inputs)
+        transforms.save_for_gradients(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(transforms.conv_vjp)
 
     @staticmethod
-    def backward(ctx, grad_y):
-        (x_or_operand, weight), meta, ops = ctx.saved_tensors, ctx.meta, ctx.ops
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        with torch.no_grad():
-            lay_out = getattr(ops, "grad_y_layout", None)
-            g = grad_y if lay_out is None else lay_out(grad_y)  # laid out once, read by all three
-            grad_x = ops.grad_input(meta, g, weight) if need_x else None  # [B, Cin, Nin]
-            of = ops.grad_weight_of_operand if ctx.kept_operand else ops.grad_weight
-            grad_w = of(meta, g, x_or_operand) if need_w else None  # [Cout, Cin*V]
-            grad_b = g.sum(dim=(0, 2)) if ctx.has_bias and need_b else None  # [Cout]
-        grads = (grad_x, grad_w, grad_b)
-        if torch.is_grad_enabled():  # backward(create_graph=True): a second order must fail
-            sources = (grad_y, *ctx.saved_tensors)  # what the gradients depend on
-            grads = tuple(None if t is None else _FirstOrderOnly.apply(t, *sources) for t in grads)
-        return *grads, None, None
+    def vmap(info, in_dims, *args):
+        return transforms.conv_vmap(knn_conv, info, in_dims, *args)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        return transforms.conv_jvp(knn_conv, ctx, *tangents)
+
+
+class _UnderTorchFunc(_KNNConvFunction):
+    """The same in the ``setup_context`` style torch.func requires, whose ``apply`` binds the
+    signature per call (30 to 40 us on 2 cores): the eager door takes it under a transform only."""
+
+    forward = staticmethod(_forward)
+    setup_context = staticmethod(transforms.save_for_gradients)
 
 
 _CASTS = (torch.float32, torch.float16, torch.bfloat16)  # what autocast casts; float64 stays
-_FIRST_ORDER_ONLY = "knn_conv is first-order only: its gradients are not differentiable"
-
-
-def _refuse_second_order(ctx, *grads):
-    raise RuntimeError(_FIRST_ORDER_ONLY)
-
-
-class _FirstOrderOnly(torch.autograd.Function):
-    """``g``, tied to what it was computed from by a backward that refuses to run."""
-
-    @staticmethod
-    def forward(ctx, g, *sources):
-        return g.view_as(g)
-
-    backward = staticmethod(_refuse_second_order)
 
 
 # ---------------------------------------------------------------------- compiled door: custom ops
@@ -221,8 +218,8 @@ def _backward(ctx, grad_y: torch.Tensor):
 
 
 _knn_conv_op.register_autograd(_backward, setup_context=_setup_context)
-_grad_input_op.register_autograd(_refuse_second_order)
-_grad_weight_op.register_autograd(_refuse_second_order)
+_grad_input_op.register_autograd(transforms.refuse_second_order)
+_grad_weight_op.register_autograd(transforms.refuse_second_order)
 
 
 # --------------------------------------------------------------------------------- entry point
@@ -233,7 +230,7 @@ def knn_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, m
     ``bias [Cout]`` or ``None``, all float16/bfloat16/float32/float64 of one dtype. ``backend``:
     a registered name, or (eager) any object following the protocol; ``None`` asks :func:`route`.
     Differentiable (first order); ``TypeError``/``ValueError`` name a bad argument up front."""
-    cast = isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type)
+    cast = not getattr(x, "is_meta", True) and torch.is_autocast_enabled(x.device.type)
     if cast:  # autocast's rule, as for F.linear: floating tensors but float64 to its dtype
         to = torch.get_autocast_dtype(x.device.type)
         x, weight, bias = (
@@ -241,10 +238,13 @@ def knn_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, m
         )
     ops = _check_call(x, weight, bias, meta, backend)
     if not torch.compiler.is_compiling():
+        keep = hasattr(ops, "forward_with_operand") and weight.requires_grad
+        args = (x, weight, bias, meta, ops, keep and torch.is_grad_enabled())
+        func = _UnderTorchFunc if torch._C._are_functorch_transforms_active() else _KNNConvFunction
         if not cast:
-            return _KNNConvFunction.apply(x, weight, bias, meta, ops)
+            return func.apply(*args)[0]
         with torch.autocast(x.device.type, enabled=False):  # the backend runs in that dtype
-            return _KNNConvFunction.apply(x, weight, bias, meta, ops)
+            return func.apply(*args)[0]
     derived = derive_for(meta, ops.name)  # must exist already: see fovi_ref.prepare
     graph = (meta.knn, meta.rf_index, list(derived.values()), ",".join(derived))
     return _knn_conv_op(x, weight, bias, *graph, meta.n_in, meta.v, ops.name)

@@ -192,6 +192,10 @@ class KNNConv(nn.Module):
         """``x [B, Cin, Nin]`` -> ``y [B, Cout, Nout]`` (fovi's layout)."""
         return knn_conv(x, self.weight, self.bias, self.meta, backend=self._derived_backend)
 
+    def __prepare_scriptable__(self):  # torch.jit.script calls it on every submodule
+        raise RuntimeError("TorchScript cannot compile KNNConv (knn_conv is a Python "
+                           "autograd.Function): use torch.export or torch.compile")  # fmt: skip
+
     def extra_repr(self) -> str:
         k, n_out = self.knn.shape
         sizes = f"{self.in_channels}, {self.out_channels}, k={k}, v={self._v}, n_in={self._n_in}"

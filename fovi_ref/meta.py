@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["DTYPES", "Derived", "KNNMeta", "check_int", "dtype_name"]
+__all__ = ["DTYPES", "Derived", "KNNMeta", "check_dense", "check_int", "dtype_name"]
 
 DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
@@ -55,14 +55,20 @@ def check_int(name: str, value: Any, *, low: int) -> int:
     return int(value)
 
 
+def check_dense(name: str, t: torch.Tensor) -> None:
+    """Raise naming ``name`` unless ``t`` is dense: strided, neither sparse nor nested."""
+    if t.layout != torch.strided or t.is_nested:
+        got = "a nested tensor" if t.is_nested else f"layout {t.layout}"
+        raise TypeError(f"{name} must be a dense (strided) tensor, got {got}")
+
+
 def _check_index_tensor(name: str, t: Any, ndim: int) -> torch.Tensor:
     """``t`` as an int64 tensor, or raise naming ``name`` if it is not a real integer tensor."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.is_meta:
         raise ValueError(f"{name} is on the 'meta' device: a KNNMeta needs the index values")
-    if t.layout != torch.strided:
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    check_dense(name, t)
     if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
         raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
     if t.dim() != ndim:
@@ -159,6 +165,7 @@ class KNNMeta:
             raise TypeError(f"local_rf must be a real torch.Tensor, got {got}")
         if local_rf.is_meta:
             raise ValueError("local_rf is on the 'meta' device: a KNNMeta needs its values")
+        check_dense("local_rf", local_rf)
         if local_rf.dim() != 3:
             raise ValueError(f"local_rf must be [Nout, K, V], got shape {tuple(local_rf.shape)}")
         ones = local_rf == 1

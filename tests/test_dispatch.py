@@ -4,6 +4,7 @@ checks it (fovi_ref.check.protocol: the op itself trusts its backends)."""
 from __future__ import annotations
 
 import types
+import warnings
 
 import pytest
 import torch
@@ -346,7 +347,18 @@ def bad_calls():
         ("weight dtype", (x, w.float(), b, meta), TypeError, "weight dtype torch.float32 differs"),
         ("bias dtype", (x, w, b.half(), meta), TypeError, "bias dtype torch.float16 differs"),
         ("meta type", (x, w, b, "meta"), TypeError, "meta must be a fovi_ref.KNNMeta"),
+        ("x on meta", (d.to("meta"), w, b, meta), ValueError, "x is on the 'meta' device"),
+        ("x nested", (nested(d), w, b, meta), TypeError, "x must be a dense .* nested tensor"),
+        ("x jagged", (nested(d, torch.jagged), w, b, meta), TypeError, "x must be a dense"),
+        ("weight nested", (d, nested(w.detach()), b, meta), TypeError, "weight must be a dense"),
+        ("weight sparse", (d, w.detach().to_sparse(), b, meta), TypeError, "weight must be a"),
     ]
+
+
+def nested(t: torch.Tensor, layout=torch.strided) -> torch.Tensor:
+    with warnings.catch_warnings():  # the strided layout is "in prototype stage"
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.nested.nested_tensor(list(t), layout=layout)
 
 
 @pytest.mark.parametrize("case", bad_calls(), ids=lambda c: c[0])

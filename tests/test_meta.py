@@ -6,6 +6,7 @@ import copy
 import pickle
 import threading
 import types
+import warnings
 
 import pytest
 import torch
@@ -153,6 +154,18 @@ def test_int32_indices_are_accepted_as_int64():
 def test_from_local_rf_rejects_non_one_hot(local_rf, message):
     with pytest.raises(ValueError, match=message):
         KNNMeta.from_local_rf(torch.tensor([[0]]), local_rf, n_in=1, in_channels=1)
+
+
+def test_sparse_and_nested_graphs_are_named():
+    meta = random_meta(4, 4)
+    local_rf = meta.local_rf().to_sparse()
+    with pytest.raises(TypeError, match="local_rf must be a dense .* torch.sparse_coo"):
+        KNNMeta.from_local_rf(meta.knn, local_rf, n_in=meta.n_in, in_channels=3)
+    with warnings.catch_warnings():  # the strided layout is "in prototype stage"
+        warnings.simplefilter("ignore", UserWarning)
+        knn = torch.nested.nested_tensor(list(meta.knn))
+    with pytest.raises(TypeError, match="knn must be a dense .* nested tensor"):
+        KNNMeta(knn, meta.rf_index, meta.n_in, 3, meta.v)
 
 
 def fovi_like_layer(meta: KNNMeta, *, pad_token: bool):

@@ -116,9 +116,11 @@ def policed(ops: Any) -> Any:
 
         def forward_with_operand(meta, x, weight, bias):
             result = ops.forward_with_operand(meta, x, weight, bias)
-            if not (isinstance(result, tuple) and len(result) == 2):
+            if not (isinstance(result, tuple) and len(result) == 2) or result[1] is None:
+                tuple_of = isinstance(result, tuple)
+                got = [type(r).__name__ for r in result] if tuple_of else type(result).__name__
                 raise TypeError(f"backend {ops.name!r}: forward_with_operand must return a "
-                                f"tuple (y, operand), got {type(result).__name__}")  # fmt: skip
+                                f"tuple (y, operand), got {got}")  # fmt: skip
             _expect(ops, "forward_with_operand", result[0], y_shape(meta, x, weight), x.dtype)
             return result
 
