@@ -169,6 +169,8 @@ class CallingConventionBug:
             bias = weight.new_ones(weight.shape[0])
         if self.kind == "noncontiguous_weight" and not weight.is_contiguous():
             weight = weight.t().contiguous().view(weight.shape)  # storage read as contiguous
+        if self.kind == "one_output_channel" and weight.shape[0] == 1:
+            bias = None  # a [1] bias squeezed to a scalar and dropped
         if self.kind == "noncontiguous_bias" and bias is not None and not bias.is_contiguous():
             bias = torch.as_strided(bias, bias.shape, (1,))  # storage read as contiguous
         y = self.inner.forward(meta, x, weight, bias)
@@ -188,7 +190,7 @@ class CallingConventionBug:
 
 @pytest.mark.parametrize("kind", ["noncontiguous_x", "bias_none", "past_batch_3",
                                   "noncontiguous_grad_y", "noncontiguous_weight",
-                                  "noncontiguous_bias"])  # fmt: skip
+                                  "noncontiguous_bias", "one_output_channel"])  # fmt: skip
 def test_the_battery_catches_bugs_of_layout_bias_none_and_batch(kind):
     report = check_ops(CallingConventionBug(kind), graphs=["random"],
                        dtypes=(torch.float32,), checks=("oracle", "variants"))  # fmt: skip

@@ -30,7 +30,7 @@ nonfinite      an inf and a nan in inputs that are read reach exactly the elemen
 variants       the oracle check again on what callers hand over besides the default
                operands: ``x`` in fovi's transposed layout, a strided slice and a stride-0
                expansion; ``weight`` transposed in memory; a strided ``bias`` and
-               ``bias=None``; ``grad_y`` in fovi's layout and stride-0
+               ``bias=None``; one output channel; ``grad_y`` in fovi's layout and stride-0
                expanded; batch sizes 0, 1 and one above ``batch`` (on graphs of at most
                :data:`VARIANTS_MAX_NODES` outputs: they test the calling convention)
 gradcheck      ``torch.autograd.gradcheck`` of ``knn_conv`` on the ops (float64, small
@@ -434,6 +434,7 @@ def _variants(case: _Case, x, w, b, gy) -> list[tuple[str, list]]:
         b_strided = b.new_zeros(2 * b.shape[0])[::2]
         b_strided.copy_(b)
         out.append(("bias a strided slice", [x, w, b_strided, gy]))
+    out.append(("one output channel", [x, w[:1], None if b is None else b[:1], gy[:, :1]]))
     if case.batch:
         out.append(("x expanded (stride 0)", [x[:1].expand_as(x), w, b, gy]))
     for batch in sorted({0, 1, case.batch + 1}):
