@@ -6,7 +6,7 @@ TORCH_INDEX ?=
 # JupyterLab refuses to start as root (in a container, say) without --allow-root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: venv test notebooks lab render lint format bench verify properties mutations
+.PHONY: venv test notebooks lab render lint format bench verify properties mutations adversarial
 
 venv:            ## .venv with the pinned torch, the dev tools and the onnx extra
 	python3.11 -m venv .venv
@@ -36,6 +36,9 @@ properties:      ## the property tests with many random examples (the default ru
 
 mutations:       ## plant known bugs in a backend and show which checks catch them
 	$(PY) scripts/mutation_check.py
+
+adversarial:     ## odd and invalid inputs at the public API, results judged by the oracle's rule
+	$(PY) scripts/adversarial.py
 
 lint:
 	$(PY) -m ruff check fovi_ref tests notebooks scripts

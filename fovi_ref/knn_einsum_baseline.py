@@ -69,6 +69,9 @@ class EinsumBaselineOps:
         # .contiguous() as in fovi 2.4.0: the features can come out of the einsum as a strided
         # view, and F.linear then sums in another order (the last bits differ).
         features = _cell_features(meta, x).contiguous()  # [B, Nout, Cin*V]
+        # fovi's bias is a contiguous Parameter; F.linear adds a strided one after the GEMM,
+        # rounding twice in float16/bfloat16 (check_ops' variant "bias a strided slice").
+        bias = None if bias is None else bias.contiguous()
         return F.linear(features, weight, bias).transpose(1, 2), features  # y [B, Cout, Nout]
 
     @staticmethod

@@ -133,6 +133,12 @@ class Mutant:
         if self.kind == "bias_none" and bias is None:
             self.applied = True  # a missing bias read as ones
             bias = weight.new_ones(weight.shape[0])
+        if self.kind == "noncontiguous_weight" and not weight.is_contiguous():
+            self.applied = True  # reads a transposed weight's storage as if contiguous
+            weight = weight.t().contiguous().view(weight.shape)
+        if self.kind == "noncontiguous_bias" and bias is not None and not bias.is_contiguous():
+            self.applied = True  # reads a strided bias's storage as if contiguous
+            bias = torch.as_strided(bias, bias.shape, (1,))
         if self.kind == "float32_output" and x.dtype in (torch.float16, torch.bfloat16):
             self.applied = True
             b = None if bias is None else bias.float()
@@ -177,6 +183,8 @@ MUTATIONS = {
     "accumulate_in_dtype": "y sums its K slots in the storage dtype",
     "noncontiguous_x": "a non-contiguous x is read as if contiguous",
     "bias_none": "bias=None is read as a bias of ones",
+    "noncontiguous_weight": "a transposed weight is read as if contiguous",
+    "noncontiguous_bias": "a strided bias is read as if contiguous",
     "float32_output": "y comes back float32 for float16/bfloat16 inputs",
     "wrong_past_batch_3": "samples past the third get the third's output",
 }

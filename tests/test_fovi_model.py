@@ -17,6 +17,7 @@ pytest.importorskip(
     reason="fovi 2.4.0 is not installed: pip install --no-deps -r scripts/fovi-requirements.txt",
 )
 
+from fovi_ref.check.cli import main as cli_main  # noqa: E402
 from fovi_ref.check.fovi import (  # noqa: E402
     format_fovi_table,
     fovi_layer_from_meta,
@@ -61,6 +62,18 @@ def test_factory_specs_are_checked():
         load_model_factory("no_colon")
     with pytest.raises(TypeError, match="not a torch.nn.Module"):
         load_model_factory("builtins:dict")
+    with pytest.raises(ValueError, match="no module 'nosuchmodule' importable from"):
+        load_model_factory("nosuchmodule:f")
+    with pytest.raises(ValueError, match="os has no callable 'nothing'"):
+        load_model_factory("os:nothing")
+
+
+@pytest.mark.parametrize("spec", ["nosuchmodule:f", "os:getcwd", "os:nothing"])
+def test_cli_names_a_bad_factory_spec_without_a_traceback(spec, capsys, tmp_path):
+    """Found by the adversarial pass: these printed a traceback."""
+    argv = ["verify", "--fovi-model", spec, "--out", str(tmp_path)]
+    assert cli_main(argv) == 2
+    assert spec in capsys.readouterr().err
 
 
 def test_cli_checks_my_model_from_module_factory(tmp_path):

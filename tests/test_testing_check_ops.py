@@ -167,6 +167,12 @@ class CallingConventionBug:
             x = x.transpose(1, 2).contiguous().view(x.shape)  # storage read as contiguous
         if self.kind == "bias_none" and bias is None:
             bias = weight.new_ones(weight.shape[0])
+        if self.kind == "noncontiguous_weight" and not weight.is_contiguous():
+            weight = weight.t().contiguous().view(weight.shape)  # storage read as contiguous
+        if self.kind == "one_output_channel" and weight.shape[0] == 1:
+            bias = None  # a [1] bias squeezed to a scalar and dropped
+        if self.kind == "noncontiguous_bias" and bias is not None and not bias.is_contiguous():
+            bias = torch.as_strided(bias, bias.shape, (1,))  # storage read as contiguous
         y = self.inner.forward(meta, x, weight, bias)
         if self.kind == "past_batch_3" and x.shape[0] > 3:
             y = y.clone()
@@ -183,7 +189,8 @@ class CallingConventionBug:
 
 
 @pytest.mark.parametrize("kind", ["noncontiguous_x", "bias_none", "past_batch_3",
-                                  "noncontiguous_grad_y"])  # fmt: skip
+                                  "noncontiguous_grad_y", "noncontiguous_weight",
+                                  "noncontiguous_bias", "one_output_channel"])  # fmt: skip
 def test_the_battery_catches_bugs_of_layout_bias_none_and_batch(kind):
     report = check_ops(CallingConventionBug(kind), graphs=["random"],
                        dtypes=(torch.float32,), checks=("oracle", "variants"))  # fmt: skip
@@ -209,3 +216,23 @@ def test_a_result_in_another_dtype_fails_the_rule():
 def test_an_empty_battery_raises(empty):
     with pytest.raises(ValueError, match="empty battery"):
         check_ops("general", **{"graphs": ["random"], **empty})
+
+
+def test_one_graph_name_as_a_string_is_that_graph():
+    """``graphs="random"`` used to be read letter by letter ("unknown layer 'r'")."""
+    report = check_ops("general", graphs="random", dtypes=(torch.float64,), checks=("oracle",))
+    assert report.ok and {r.graph for r in report.rows} >= {"random_k1_v1", "crowded_k2_v4"}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [dict(batch=2.5), dict(batch=True), dict(dtypes=(torch.int64,)), dict(dtypes=torch.float64),
+     dict(checks="oracle")],
+    ids=["batch 2.5", "batch True", "dtype int64", "dtypes a dtype", "checks a str"],
+)  # fmt: skip
+def test_arguments_that_are_not_what_they_say_are_refused_by_name(bad):
+    """batch=2.5 ran batch 2, an int64 dtype gave a table of exceptions, a bare dtype or check
+    name failed deep inside: each is refused up front, naming the argument."""
+    args = {"graphs": ["random"], "dtypes": (torch.float64,), "checks": ("oracle",), **bad}
+    with pytest.raises((TypeError, ValueError), match=next(iter(bad))):
+        check_ops("general", **args)

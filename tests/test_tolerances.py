@@ -384,3 +384,39 @@ def test_a_sum_just_above_the_largest_finite_value_may_round_to_inf(dtype):
         y = knn_conv(x, w, None, meta, backend="general")
         assert bool(y.isfinite().all()) == finite and math.isfinite(float(expected.value))
         assert judge_elementwise(y, expected).ok
+
+
+def test_float64_rule_leaves_room_for_the_oracles_own_rounding():
+    """The float64 oracle rounds too: a float64 implementation that bins the neighbours before
+    the weight (``w (x0 + x1 + x2)``, as ``general`` does) may sit gamma_N u M from the exact
+    sum on one side while the oracle (``w x0 + w x1 + w x2``) sits as far on the other. Found by
+    the adversarial pass (K=33, V=17, batch 257: grad_x of both general and einsum_baseline
+    failed the float64 rule by 3%); these three values give 1.35 times the one-sided bound."""
+    meta = KNNMeta.from_knn(torch.tensor([[0], [1], [2]]), torch.zeros(1, 3, dtype=torch.int64),
+                            n_in=3, in_channels=1, v=1)  # fmt: skip
+    x = torch.tensor([[[-1.2613456148668056, -0.8004403003033853, -0.2012609597799584]]],
+                     dtype=torch.float64)  # fmt: skip
+    w = torch.tensor([[1.3061133856375562]], dtype=torch.float64)
+    expected = expected_quantities(x, w, None, meta, torch.ones(1, 1, 1, dtype=torch.float64))
+    binned = ((x[0, 0, 0] + x[0, 0, 1]) + x[0, 0, 2]) * w[0, 0]  # 3 roundings per term: legal
+    oracle_side = float(gamma(3, UNIT_ROUNDOFF[torch.float64]) * expected["y"].magnitude.max())
+    assert abs(float(binned) - float(expected["y"].value)) > oracle_side  # one side is not enough
+    assert judge_elementwise(binned.reshape(1, 1, 1), expected["y"]).ok
+
+
+def test_float64_subnormal_rounding_is_allowed():
+    """Half the smallest float64 subnormal, 2**-1075, is 0.0 as a Python float, so the rule's
+    underflow allowance vanished in float64 and a subnormal result one unit off failed with
+    bound 0 (found by the adversarial pass: x of a few subnormal units times ordinary weights,
+    grad_weight of every backend). The allowance is now one subnormal unit per rounding."""
+    meta = KNNMeta.from_knn(torch.tensor([[0, 0]]), torch.zeros(2, 1, dtype=torch.int64),
+                            n_in=1, in_channels=1, v=1)  # fmt: skip
+    unit = 2.0**-1074
+    x = torch.tensor([[[3 * unit]]], dtype=torch.float64)
+    gy = torch.tensor([[[0.7, 0.7]]], dtype=torch.float64)  # products of 2.1 units each
+    w = torch.ones(1, 1, dtype=torch.float64)
+    expected = expected_quantities(x, w, None, meta, gy)["grad_weight"]  # two terms
+    assert float(expected.value) == 4 * unit  # each product rounded to 2 units
+    one_off = torch.tensor([[5 * unit]], dtype=torch.float64)  # exact 4.2 units, one rounding up
+    assert judge_elementwise(one_off, expected).ok
+    assert not judge_elementwise(torch.tensor([[10 * unit]], dtype=torch.float64), expected).ok

@@ -54,3 +54,17 @@ def test_verify_meta_fails_a_wrong_backend_in_every_dtype():
         (str(c.dtype), c.quantity) for c in checks if c.backend == "bias_twice" and not c.verdict.ok
     }
     assert bad == {(str(d), "y") for d in (torch.float32, torch.float16, torch.bfloat16)}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [dict(batch=0), dict(batch=-1), dict(batch=2.5), dict(dtypes=()), dict(dtypes=(torch.int32,))],
+    ids=["batch 0", "batch -1", "batch 2.5", "no dtype", "int32"],
+)  # fmt: skip
+def test_verify_meta_refuses_a_battery_that_judges_nothing(bad):
+    """batch=0 gave 24 PASS verdicts on empty tensors and dtypes=() an empty list, both read as
+    'all passed' (found by the adversarial pass); the others failed deep inside torch."""
+    from fovi_ref.check.check_ops import random_meta
+
+    with pytest.raises((TypeError, ValueError), match=next(iter(bad))):
+        verify_meta("random", random_meta(2, 3), 2, **bad)

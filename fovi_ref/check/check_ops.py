@@ -29,7 +29,8 @@ nonfinite      an inf and a nan in inputs that are read reach exactly the elemen
                oracle says, and nothing else
 variants       the oracle check again on what callers hand over besides the default
                operands: ``x`` in fovi's transposed layout, a strided slice and a stride-0
-               expansion; ``bias=None``; ``grad_y`` in fovi's layout and stride-0
+               expansion; ``weight`` transposed in memory; a strided ``bias`` and
+               ``bias=None``; one output channel; ``grad_y`` in fovi's layout and stride-0
                expanded; batch sizes 0, 1 and one above ``batch`` (on graphs of at most
                :data:`VARIANTS_MAX_NODES` outputs: they test the calling convention)
 gradcheck      ``torch.autograd.gradcheck`` of ``knn_conv`` on the ops (float64, small
@@ -52,6 +53,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -168,6 +170,8 @@ def res18_graphs(
 def _resolve_graphs(graphs: Any, seed: int, device: torch.device) -> list[TestGraph]:
     if graphs is None:
         graphs = ("random", "res18_subset")
+    if isinstance(graphs, str):  # one name, not its letters
+        graphs = (graphs,)
     out: list[TestGraph] = []
     for item in graphs:
         if item == "random":
@@ -417,13 +421,20 @@ def _check_nonfinite(ops, case, operands) -> list[ReportRow]:
 
 
 def _variants(case: _Case, x, w, b, gy) -> list[tuple[str, list]]:
-    """``(label, operands)``: the layouts, ``bias=None`` and batch sizes callers hand over."""
+    """``(label, operands)``: the layouts (of ``x``, ``weight``, ``bias``, ``grad_y``),
+    ``bias=None`` and batch sizes callers hand over."""
     strided = x.new_zeros(*x.shape[:2], 2 * x.shape[2])[:, :, ::2]  # [B, Cin, Nin], stride 2
     strided.copy_(x)
     fovi = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (x, gy)]  # node-major
     out = [("x in fovi's layout", [fovi[0], w, b, gy]), ("x a strided slice", [strided, w, b, gy]),
            ("bias None", [x, w, None, gy]), ("grad_y in fovi's layout", [x, w, b, fovi[1]]),
-           ("grad_y expanded (stride 0)", [x, w, b, gy[:, :, :1].expand_as(gy)])]  # fmt: skip
+           ("grad_y expanded (stride 0)", [x, w, b, gy[:, :, :1].expand_as(gy)]),
+           ("weight transposed in memory", [x, w.t().contiguous().t(), b, gy])]  # fmt: skip
+    if b is not None:  # every other element of a buffer twice its length
+        b_strided = b.new_zeros(2 * b.shape[0])[::2]
+        b_strided.copy_(b)
+        out.append(("bias a strided slice", [x, w, b_strided, gy]))
+    out.append(("one output channel", [x, w[:1], None if b is None else b[:1], gy[:, :1]]))
     if case.batch:
         out.append(("x expanded (stride 0)", [x[:1].expand_as(x), w, b, gy]))
     for batch in sorted({0, 1, case.batch + 1}):
@@ -492,10 +503,11 @@ def check_ops(
 
     Args:
         ops: an ops object (see the module docstring), or a registered backend's name.
-        graphs: what to check on; each item is ``"random"`` (:func:`random_graphs`),
-            ``"res18_subset"`` (:data:`RES18_SUBSET`), ``"res18"`` (all 20 layers), a res18
-            layer name, or an object with ``.name``, ``.meta`` and ``.out_channels`` (a
-            :class:`TestGraph`, a geometry ``LayerGraph``). Default: random + res18 subset.
+        graphs: what to check on, one item or a list of them; an item is ``"random"``
+            (:func:`random_graphs`), ``"res18_subset"`` (:data:`RES18_SUBSET`), ``"res18"``
+            (all 20 layers), a res18 layer name, or an object with ``.name``, ``.meta`` and
+            ``.out_channels`` (a :class:`TestGraph`, a geometry ``LayerGraph``). Default:
+            random + res18 subset.
         dtypes: the dtypes to run in (gradcheck runs when float64 is among them).
         device: where the graphs and operands live.
         all_padding: the oracle's reading of all-padding nodes: ``"bias"`` (the formula) or
@@ -511,6 +523,15 @@ def check_ops(
     the ops is a failed row, not a crash.
     """
     ops = policed(get_ops(ops) if isinstance(ops, str) else ops)
+    if isinstance(checks, str) or isinstance(dtypes, torch.dtype):
+        what = "checks" if isinstance(checks, str) else "dtypes"
+        raise TypeError(f"{what} must be a sequence, got {checks if what == 'checks' else dtypes!r}"
+                        f" alone: wrap it, ({what[:-1]},)")  # fmt: skip
+    odd = [d for d in dtypes if d not in DTYPES.values()]
+    if odd:
+        raise ValueError(f"dtypes must be among {list(DTYPES)}, got {odd}")
+    if isinstance(batch, bool) or not isinstance(batch, numbers.Integral):
+        raise TypeError(f"batch must be an int, got {type(batch).__name__} {batch!r}")
     unknown = set(checks) - set(CHECKS)
     if unknown:
         raise ValueError(f"unknown checks {sorted(unknown)}; choose from {CHECKS}")
@@ -518,7 +539,6 @@ def check_ops(
         raise ValueError(f"check_ops needs at least one check and one dtype, got checks="
                          f"{tuple(checks)!r}, dtypes={tuple(dtypes)!r}: an empty battery "
                          "judges nothing")  # fmt: skip
-    batch = int(batch)
     if batch < 0:
         raise ValueError(f"batch must be >= 0, got {batch}")
     device = torch.device(device)

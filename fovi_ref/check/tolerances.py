@@ -92,6 +92,13 @@ Adding (a)-(e), with the cross terms of small factors kept so the bound is rigor
     bound = u |ref| + eta (1 + P)
             + (1 + u) [gamma_h(u) M_s + (1 + gamma_h(u)) gamma_N(u32) M + N eta32]
 
+**The oracle rounds too.** ``ref`` is itself a float64 sum of the same ``N`` terms, off from the
+exact sum by at most ``gamma_N(u64) * M + N * eta64`` (step 1 in float64), so every bound above
+gets that term added: ``|value - ref|`` is at most the implementation's error plus the oracle's.
+It is negligible below float64; in float64 it doubles the bound. Without it a correct float64
+implementation that sums in another order (cells binned first, say) failed by up to 1.35 times
+(found by ``scripts/adversarial.py``; ``tests/test_tolerances.py`` holds the three values).
+
 **Step 3: N for each quantity**, the exact number of terms of each element
 (:func:`~fovi_ref.check.magnitude.knn_conv_term_counts`):
 
@@ -173,9 +180,10 @@ UNIT_ROUNDOFF: dict[torch.dtype, float] = {
     torch.float16: 2.0**-11,
     torch.bfloat16: 2.0**-8,
 }
-# eta of step 0: half the smallest subnormal.
+# eta of step 0: half the smallest subnormal; for float64 the smallest itself, since half of it
+# is 0.0 as a float64 (the allowance would vanish and a subnormal one unit off would fail).
 HALF_SUBNORMAL: dict[torch.dtype, float] = {
-    torch.float64: 2.0**-1075,
+    torch.float64: 2.0**-1074,
     torch.float32: 2.0**-150,
     torch.float16: 2.0**-25,
     torch.bfloat16: 2.0**-134,
@@ -279,13 +287,15 @@ def error_bound(expected: Expected, dtype: torch.dtype) -> torch.Tensor:
     """The elementwise bound of the module docstring for a result computed in ``dtype``."""
     u, eta = UNIT_ROUNDOFF[dtype], HALF_SUBNORMAL[dtype]
     n, m = expected.terms, expected.magnitude
+    # The oracle is a float64 sum of the same N terms: it may be off by as much on its side.
+    oracle = gamma(n, UNIT_ROUNDOFF[torch.float64]) * m + n * HALF_SUBNORMAL[torch.float64]
     acc = ACCUMULATION[dtype]
     if acc == dtype:  # step 1: one precision throughout
-        return gamma(n, u) * m + n * eta
+        return gamma(n, u) * m + n * eta + oracle
     u_acc, eta_acc = UNIT_ROUNDOFF[acc], HALF_SUBNORMAL[acc]
     g_store = gamma(expected.stores, u)
     inner = g_store * expected.stored + (1 + g_store) * gamma(n, u_acc) * m + n * eta_acc
-    return u * expected.value.abs() + eta * (1 + expected.product_stores) + (1 + u) * inner
+    return u * expected.value.abs() + eta * (1 + expected.product_stores) + (1 + u) * inner + oracle
 
 
 # ------------------------------------------------------------------------------------ verdicts

@@ -10,6 +10,7 @@ judged by the same rule and its worst ratio is reported beside every verdict (no
 from __future__ import annotations
 
 import json
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +62,14 @@ def verify_meta(
     """Forward and the three gradients of every accepting backend, in every dtype, each judged
     elementwise against the float64 oracle; the baseline's ratio rides along in each verdict.
     ``bias_rounding="fused"`` demands that ``y`` round ``W x + b`` once (see
-    :mod:`fovi_ref.check.tolerances`, step 2 (d))."""
+    :mod:`fovi_ref.check.tolerances`, step 2 (d)). A battery that would judge nothing (batch
+    0, no dtype) raises ``ValueError``, as :func:`~fovi_ref.check.check_ops.check_ops` does."""
+    if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
+        raise (ValueError if isinstance(batch, numbers.Integral) else TypeError)(
+            f"batch must be an int >= 1, got {batch!r}: an empty batch judges nothing"
+        )
+    if not dtypes or any(d not in DTYPES.values() for d in dtypes):
+        raise ValueError(f"dtypes must be one or more of {list(DTYPES)}, got {tuple(dtypes)!r}")
     checks = []
     for dtype in dtypes:
         x, w, b, gy = sample_operands(meta, out_channels, batch=batch, seed=seed, dtype=dtype)

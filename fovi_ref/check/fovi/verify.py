@@ -272,7 +272,16 @@ def load_model_factory(spec: str) -> torch.nn.Module:
         )
     if "" not in sys.path:
         sys.path.insert(0, "")
-    model = getattr(importlib.import_module(module_name), factory)()
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is None or not module_name.startswith(err.name):
+            raise  # the module was found and failed to import one of its own: show where
+        raise ValueError(f"--fovi-model {spec}: no module {err.name!r} importable from "
+                         f"{Path.cwd()}") from None  # fmt: skip
+    if not callable(make := getattr(module, factory, None)):
+        raise ValueError(f"--fovi-model {spec}: {module_name} has no callable {factory!r}")
+    model = make()
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"{spec}() returned {type(model).__name__}, not a torch.nn.Module")
     return model
@@ -404,7 +413,7 @@ def run_fovi(args) -> int:
     the machine (:func:`~fovi_ref.check.fovi.machines.machine_finding`); the table and the finding
     on stdout, ``verify_fovi.json`` in ``args.out``. Returns the exit status: 0 when every cell
     passed, 1 on a FAIL (a finding about fovi: the table says which side is wrong and why), 2
-    when fovi is not installed."""
+    when fovi is not installed or ``--fovi-model`` names no model factory."""
 
     try:
         fovi = require_fovi()
@@ -419,7 +428,11 @@ def run_fovi(args) -> int:
 
     spec = getattr(args, "fovi_model", None)
     if spec:  # a user's own model: every KNNConvLayer in it
-        model = load_model_factory(spec)
+        try:
+            model = load_model_factory(spec)
+        except (ValueError, TypeError) as err:  # the spec, not the user's code, is wrong
+            print(f"verify: {err}", file=sys.stderr)
+            return 2
         checks = verify_fovi_model(model, layers=args.layers, dtypes=dtypes, batch=args.batch,
                                    device=device, on_layer=on_layer)  # fmt: skip
         what = f"{spec}'s"
