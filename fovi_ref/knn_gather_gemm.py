@@ -140,16 +140,16 @@ class GatherGemmOps:
         """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]``: ``(W^T grad_y) S``, a scatter."""
         data = meta.derived(NAME, derive)
         batch, c_in = grad_y.shape[0], weight.shape[1]
-        # d[b] = W^T @ grad_y[b], as ONE GEMM over the (b, n) rows: [B*Nout, Cout] @ [Cout, Cin].
-        # 10 to 40% faster in MKL than W^T @ G, which pays for the small fold that follows.
-        d_rows = _grad_y_columns(grad_y).t() @ weight  # [B*Nout, Cin]
-        d_sel = d_rows.view(batch, meta.n_out, c_in).transpose(1, 2).contiguous()  # [B, Cin, Nout]
+        # d[b] = W^T @ grad_y[b] as ONE GEMM over the (b, n) rows (MKL: 10-40% faster than W^T G)
+        d_rows = (_grad_y_columns(grad_y).t() @ weight).view(batch, meta.n_out, c_in)
         if data["padding"].numel():
-            d_sel.index_fill_(2, data["padding"], 0)  # padding receives nothing
+            d_rows.index_fill_(1, data["padding"], 0)  # padding receives nothing
+        d_sel = d_rows.transpose(1, 2)  # [B, Cin, Nout], a view of d_rows [B, Nout, Cin]
         if uses_dense_scatter(meta, grad_y.device) and data["scatter"].numel():
             s = data["scatter"].to(grad_y.dtype)  # [Nout, Nin]; no copy in float32
-            return (d_sel.view(batch * c_in, meta.n_out) @ s).view(batch, c_in, meta.n_in)
-        grad_x = d_sel.new_zeros(batch, c_in, meta.n_in)  # [B, Cin, Nin]
+            return (d_sel.reshape(batch * c_in, meta.n_out) @ s).view(batch, c_in, meta.n_in)
+        # The scatter reads the view: 4-30% faster than folding it first (one CPU thread).
+        grad_x = d_rows.new_zeros(batch, c_in, meta.n_in)  # [B, Cin, Nin]
         return grad_x.index_add_(2, data["index"], d_sel)  # collisions add up
 
     @staticmethod
