@@ -287,8 +287,8 @@ def print_downsample_table(rows: list[dict]) -> None:
 
 def print_general_table(rows: list[dict]) -> None:
     time, floor, memory = (t.at_most for t in targets.LAYERS[4:])
-    print(f"\nK > 1 layers (float32 targets: where floor <= 0.5, time <= {time}; elsewhere "
-          f"/floor <= {floor}; memory <= {memory} everywhere)")  # fmt: skip
+    print(f"\nK > 1 layers (float32 targets: {', '.join(targets.FLOOR_HELD)} /floor <= {floor}; "
+          f"others time <= {time}; memory <= {memory} everywhere)")  # fmt: skip
     print("time = general / einsum; floor = the three GEMMs of the layer alone / einsum (no")
     print("implementation that runs those GEMMs can have a time below it); /floor = time / floor")
     print(
