@@ -28,9 +28,7 @@ row) pairs, source and destination swapped: the backward is the forward gather t
 **Layout.** Features are *rows*, one per (channel, node) holding its ``B`` values: every gather
 and scatter moves whole rows (0.15 ms against 10 ms along the last axis of ``[B, Cin, Nin]`` for
 a res18 layer1 gather at batch 64 on a CPU), at the cost of one transposing copy in and one out
-(the GEMM, bias inside, writes rows (node, batch)). Every channel bins alike, so the index lists
-are the graph's, applied along the node axis of ``[Cin, nodes, B]`` (at batch 1, 6 times faster
-than lists ``Cin`` times longer over ``[Cin*nodes, B]``).
+(the GEMM, bias inside, writes rows (node, batch)) and index lists ``Cin`` times the graph's.
 
 **Determinism.** A segment sum is usually one ``index_add_``, which on CUDA adds with atomics.
 :func:`segment_sum_naive` is that version, kept beside the one used: :func:`segment_sum` runs in
@@ -123,22 +121,21 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:  # as a GEMM kernel'
 
 
 def segment_sum(values: torch.Tensor, plan: SegmentSumPlan) -> torch.Tensor:
-    """``out[..., d, :] = sum of values[..., s, :]`` over the plan's entries, the same for every
-    leading index (channel): ``[..., L, P] -> [..., D, P]``, in rounds (fixed summation order,
-    deterministic on every device)."""
+    """``out[d] = sum of values[s]`` over the plan's entries: ``[L, P] -> [D, P]``, in rounds
+    (fixed summation order, deterministic on every device)."""
     acc_dtype = _accumulation_dtype(values.dtype)
-    out = values.index_select(-2, plan.first).to(acc_dtype)  # [..., D, P] round 0: whole rows
+    out = values.index_select(0, plan.first).to(acc_dtype)  # [D, P] round 0: whole rows
     if plan.empty.numel():
-        out.index_fill_(-2, plan.empty, 0)  # no contribution: exactly zero
+        out.index_fill_(0, plan.empty, 0)  # no contribution: exactly zero
     for dst, src in plan.rounds:  # later rounds add to what is there
-        picked = out.index_select(-2, dst) + values.index_select(-2, src).to(acc_dtype)
-        out.index_copy_(-2, dst, picked)  # dst distinct within a round: no write collides
+        picked = out.index_select(0, dst) + values.index_select(0, src).to(acc_dtype)
+        out.index_copy_(0, dst, picked)  # dst distinct within a round: no write collides
     for dst, src, pad in plan.trees:  # hubs: add the halves of W rows until one is left
-        rows = values.index_select(-2, src).to(acc_dtype).index_fill_(-2, pad, 0)  # [.., H*W, P]
-        rows = rows.unflatten(-2, (dst.numel(), -1))  # [..., H, W, P]
-        while rows.shape[-2] > 1:
-            rows = rows[..., : rows.shape[-2] // 2, :] + rows[..., rows.shape[-2] // 2 :, :]
-        out.index_copy_(-2, dst, rows[..., 0, :])  # [..., H, P]
+        rows = values.index_select(0, src).to(acc_dtype).index_fill_(0, pad, 0)  # [H*W, P]
+        rows = rows.view(dst.numel(), src.numel() // dst.numel(), values.shape[1])  # [H, W, P]
+        while rows.shape[1] > 1:
+            rows = rows[:, : rows.shape[1] // 2] + rows[:, rows.shape[1] // 2 :]
+        out.index_copy_(0, dst, rows[:, 0])  # [H, P]
     return out.to(values.dtype)
 
 
@@ -147,25 +144,29 @@ def segment_sum_naive(values: torch.Tensor, dst: torch.Tensor, src: torch.Tensor
     """The same sum as :func:`segment_sum`, written the usual way: one ``index_add_`` over the
     entries ``(dst[e], src[e])``. Its summation order is the kernel's (atomics on CUDA)."""
     acc_dtype = _accumulation_dtype(values.dtype)
-    out = values.new_zeros(*values.shape[:-2], size, values.shape[-1], dtype=acc_dtype)
-    return out.index_add_(-2, dst, values.index_select(-2, src).to(acc_dtype)).to(values.dtype)
+    out = values.new_zeros(size, values.shape[1], dtype=acc_dtype)  # [D, P]
+    return out.index_add_(0, dst, values.index_select(0, src).to(acc_dtype)).to(values.dtype)
 
 
 def segment_sum_entries(meta: KNNMeta) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(z_row, x_row)``: the (cell row, input row) pair of every real neighbour of every node,
-    k-major (every row sums over increasing k), the same in every channel: ``z_row =
-    rf_index[n, k]*Nout + n`` indexes a channel's rows ``[V*Nout, B]`` of ``z``, ``x_row =
-    knn[k, n]`` its rows ``[Nin, B]`` of ``x``. Padding neighbours take no part."""
+    """``(z_row, x_row)``: the (cell row, input row) pair of every real neighbour of every node
+    in every channel, channel-major then k-major (every row sums over increasing k):
+    ``z_row = (c*V + rf_index[n, k])*Nout + n`` indexes ``z [Cin*V*Nout, B]``, ``x_row = c*Nin +
+    knn[k, n]`` the rows ``[Cin*Nin, B]`` of ``x``. Padding neighbours take no part."""
     n = torch.arange(meta.n_out, device=meta.device).expand(meta.k, -1)  # [K, Nout]
     real = ~meta.pad_mask  # [K, Nout]
-    return meta.rf_index.t()[real] * meta.n_out + n[real], meta.knn[real]  # [E], [E] k-major
+    node, cell, neighbour = n[real], meta.rf_index.t()[real], meta.knn[real]  # [E] k-major
+    c = torch.arange(meta.in_channels, device=meta.device)[:, None]  # [Cin, 1]
+    z_row = ((c * meta.v + cell) * meta.n_out + node).reshape(-1)  # [Cin*E] row (c, v, n)
+    x_row = (c * meta.n_in + neighbour).reshape(-1)  # [Cin*E] row (c, i)
+    return z_row, x_row
 
 
 def derive(meta: KNNMeta) -> Derived:
-    """The segment-sum plans of ``meta``, a pure function of it, shared by every channel:
-    forward, ``x`` rows ``[Cin, Nin, B]`` -> ``z`` rows ``[Cin, V*Nout, B]``; backward, back."""
+    """The segment-sum plans of ``meta``, a pure function of it: forward, ``x`` rows
+    ``[Cin*Nin, B]`` -> ``z`` rows ``[Cin*V*Nout, B]``; backward, the other way."""
     z_row, x_row = segment_sum_entries(meta)
-    z_size, x_size = meta.v * meta.n_out, meta.n_in
+    z_size, x_size = meta.v * meta.in_channels * meta.n_out, meta.in_channels * meta.n_in
     return {
         **build_segment_sum_plan(z_row, x_row, z_size).as_derived("forward"),
         **build_segment_sum_plan(x_row, z_row, x_size).as_derived("backward"),
@@ -176,10 +177,10 @@ def _binned(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
     """Step 1: ``z [Cin*V, Nout*B]`` from ``x [B, Cin, Nin]``."""
     plan = SegmentSumPlan.from_derived(meta.derived(NAME, derive), "forward")
     acc = _accumulation_dtype(x.dtype)  # widened in the copy below, z cannot overflow float16
-    # [Cin, Nin, B], one copy: reshape could return a column-major view, ~30x slower to pick rows.
+    # [Cin*Nin, B], one copy: reshape could return a column-major view, ~30x slower to pick rows.
     x_rows = x.new_empty(meta.in_channels, meta.n_in, x.shape[0], dtype=acc)  # [Cin, Nin, B]
     x_rows.copy_(x.permute(1, 2, 0))
-    z_rows = segment_sum(x_rows, plan)  # [Cin, V*Nout, B]
+    z_rows = segment_sum(x_rows.view(meta.in_channels * meta.n_in, -1), plan)  # [Cin*V*Nout, B]
     return z_rows.view(meta.in_channels * meta.v, -1)  # [Cin*V, Nout*B]
 
 
@@ -241,8 +242,8 @@ class GeneralOps:
         batch = grad_y.shape[0]
         plan = SegmentSumPlan.from_derived(meta.derived(NAME, derive), "backward")
         grad_z = _weight_t_times(weight, _grad_y_node_major(grad_y))  # [Cin*V, Nout*B]
-        grad_z_rows = grad_z.view(meta.in_channels, meta.v * meta.n_out, batch)  # [Cin, V*Nout, B]
-        grad_x_rows = segment_sum(grad_z_rows, plan).flatten(0, 1)  # [Cin*Nin, B]
+        grad_z_rows = grad_z.view(meta.in_channels * meta.v * meta.n_out, batch)  # [Cin*V*Nout, B]
+        grad_x_rows = segment_sum(grad_z_rows, plan)  # [Cin*Nin, B]
         # A 2-D transpose (blocked in ATen): 3 to 6 times faster than the same 3-D permute copy.
         return grad_x_rows.t().contiguous().view(batch, meta.in_channels, meta.n_in)
 

@@ -162,12 +162,14 @@ def test_segment_sums_add_in_listed_order_bit_for_bit(direction, device):
     meta = random_meta(9, 3, n_in=25, n_out=40, in_channels=2, seed=11, device=device)
     z_row, x_row = segment_sum_entries(meta)
     dst, src = (z_row, x_row) if direction == "forward" else (x_row, z_row)
-    size = meta.v * meta.n_out if direction == "forward" else meta.n_in  # one channel's rows
+    size = (
+        (meta.in_channels * meta.v * meta.n_out)
+        if direction == "forward"
+        else (meta.in_channels * meta.n_in)
+    )
     values = order_sensitive_rows(int(src.max()) + 1, 3, device)
     plan = SegmentSumPlan.from_derived(general_derive(meta), direction)
     got = segment_sum(values, plan)
-    # every channel (a leading index) sums alike: the plan is the graph's, not Cin times it
-    assert torch.equal(segment_sum(torch.stack([-values, values]), plan)[1], got)
     hubs = torch.bincount(dst, minlength=size) > HUB
     assert bool(hubs.any()) == (direction == "backward")  # both orders are exercised
 
