@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from conftest import DEVICES, LOW_PRECISION, random_meta, sample_inputs
 
-from fovi_ref import KNNMeta, knn_conv
+from fovi_ref import KNNMeta, knn_conv, knn_general
 from fovi_ref.check.operands import forward_and_grads
 from fovi_ref.check.tolerances import QUANTITIES, expected_quantities, judge_elementwise
 from fovi_ref.check.verify import BASELINE, backends_for
@@ -15,6 +15,7 @@ from fovi_ref.grid import conv2d_grid_meta, to_grid, to_nodes
 from fovi_ref.knn_general import (
     HUB,
     SegmentSumPlan,
+    block_channels,
     segment_sum,
     segment_sum_entries,
     segment_sum_naive,
@@ -200,6 +201,52 @@ def test_segment_sums_add_in_listed_order_bit_for_bit(direction, device):
         n_terms * torch.finfo(torch.float32).eps * segment_sum_naive(values.abs(), dst, src, size)
     )
     assert bool(((naive - got).abs() <= bound).all())
+
+
+def small_blocks(monkeypatch, rows: int) -> None:
+    """Make general's input gradient run in channel blocks of at most ``rows`` grad_z rows, at
+    every batch (the real sizes block only large ``grad_z``: res18's layer1 at batch 64)."""
+    monkeypatch.setattr(knn_general, "BLOCK_ROWS", rows)
+    monkeypatch.setattr(knn_general, "WHOLE_BYTES", 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("hub", [False, True])
+def test_channel_blocks_sum_like_the_whole_plan_bit_for_bit(hub, device, monkeypatch):
+    """The block plan (the first cb channels' entries) applied to every block of channels gives
+    the whole backward plan's sums bit for bit: same rows, same order, hub trees included."""
+    n_out = 4 * HUB if hub else 20  # with hub: some input is read by more than HUB outputs
+    small_blocks(monkeypatch, 2 * 9 * n_out)  # 2 of the 6 channels per block
+    meta = random_meta(9, 9, n_in=25, n_out=n_out, in_channels=6, seed=5, device=device)
+    cb, derived = block_channels(meta), general_derive(meta)
+    assert cb == 2
+    z_row, x_row = segment_sum_entries(meta)
+    assert bool((torch.bincount(x_row) > HUB).any()) == hub
+    values = order_sensitive_rows(meta.in_channels * meta.v * n_out, 3, device)
+    whole = segment_sum(values, SegmentSumPlan.from_derived(derived, "backward"))
+    block = SegmentSumPlan.from_derived(derived, "backward_block")
+    rows_in, rows_out = cb * meta.v * n_out, cb * meta.n_in
+    for c in range(0, meta.in_channels, cb):
+        got = segment_sum(values[c // cb * rows_in : (c // cb + 1) * rows_in], block)
+        assert torch.equal(got, whole[c // cb * rows_out : (c // cb + 1) * rows_out])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,v,in_channels", [(9, 9, 6), (4, 3, 5), (1, 1, 4)])
+def test_channel_blocked_input_gradient_matches_oracle(k, v, in_channels, device, monkeypatch):
+    """general's input gradient in channel blocks (forced on small graphs) meets the rule against
+    the float64 oracle."""
+    meta = random_meta(k, v, in_channels=in_channels, seed=7, device=device)
+    x, w, b = sample_inputs(meta)
+    grad_y = torch.randn(x.shape[0], 4, meta.n_out, dtype=torch.float64, device=device)
+    small_blocks(monkeypatch, meta.v * meta.n_out)  # one channel per block
+    blocked_meta = random_meta(k, v, in_channels=in_channels, seed=7, device=device)  # new derive
+    assert block_channels(blocked_meta) == 1
+    got = forward_and_grads(x, w, b, blocked_meta, grad_y, "general")
+    expected = expected_quantities(x, w, b, meta, grad_y)
+    for what, g in zip(QUANTITIES, got, strict=True):
+        verdict = judge_elementwise(g, expected[what])
+        assert verdict.ok, f"{what}: {verdict}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
