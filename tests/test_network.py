@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fovi_ref import route
+from fovi_ref import available_ops, route
 from fovi_ref.check.bench import network as network_bench
 from fovi_ref.check.network import KNNMaxPool, ResNet18Trunk
 
@@ -54,4 +54,5 @@ def test_max_pool_ignores_padding():
 def test_network_bench_reports_ratios():
     (row,) = network_bench.network_rows(batches=(1,), repeats=1)
     assert row["batch"] == 1 and row["time ratio"] > 0 and row["memory ratio"] > 0
-    assert set(row["ms"]) == {"routed", "einsum"}
+    assert set(row["ms"]) == {"routed", "einsum", "floor"} and row["floor ratio"] > 0
+    assert "gemm floor (bench)" not in available_ops()  # registered only while measuring

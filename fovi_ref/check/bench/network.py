@@ -9,23 +9,69 @@ state dict and see one input; time is the per-round ratio over interleaved round
 its IQR, rounds added until the IQR is within the band or a time cap:
 :func:`fovi_ref.check.bench.timing.measure`), memory the peak bytes allocated during one step.
 Targets (time, routed / einsum): :data:`fovi_ref.check.bench.targets.NETWORK`.
+
+A third trunk gives the floor those targets sit above: every convolution replaced by
+:class:`GemmFloorOps`, which runs only its three GEMMs (and zero-fills the input gradient), so
+``floor / einsum`` is the ratio the routed trunk would reach if its convolutions cost nothing but
+their GEMMs, with BatchNorm, ReLU, the pool, the adds and autograd as they are.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fovi_ref import dtype_name
+from fovi_ref import KNNMeta, dtype_name, register_ops, unregister_ops
 from fovi_ref.check.bench import targets, timing
 from fovi_ref.check.bench.contenders import Contender
 from fovi_ref.check.bench.timing import peak_memory_bytes
 from fovi_ref.check.network import ResNet18Trunk
+from fovi_ref.layout import linear_rows, y_from_rows
 
-__all__ = ["network_rows", "run", "trunk_step"]
+__all__ = ["GemmFloorOps", "network_rows", "run", "trunk_step"]
 
 CAP_S = 90.0
 """Seconds one batch size may take before it stops adding rounds (a step takes up to ~1 s)."""
 """Routed / all-einsum step time the trunk should reach in float32, per batch size."""
+
+
+class GemmFloorOps:
+    """A stand-in backend for the trunk's floor: each convolution runs the three GEMMs of its
+    sizes and nothing else, on cell features ``z [B*Nout, Cin*V]`` (standard normal) made once
+    per size, as the per-layer GEMM floor's are:
+
+    - forward: ``y_rows = z @ W^T (+ bias)`` ``[B*Nout, Cout]``, returned in fovi's layout;
+    - input gradient: ``grad_y_rows @ W`` ``[B*Nout, Cin*V]``, then a zero ``grad_x``;
+    - weight gradient: ``grad_y_rows^T @ z`` ``[Cout, Cin*V]``.
+
+    Its values are not a convolution's (the trunk needs only their shapes, and finite values for
+    BatchNorm). Registered only while :func:`network_rows` measures (:data:`NAME`)."""
+
+    name = "gemm floor (bench)"
+
+    def __init__(self) -> None:
+        self._features: dict[tuple, torch.Tensor] = {}
+
+    def _z(self, meta: KNNMeta, batch: int, like: torch.Tensor) -> torch.Tensor:
+        shape = (batch * meta.n_out, meta.in_channels * meta.v)
+        key = (shape, like.dtype, like.device)  # one per size: the floor needs only the sizes
+        if key not in self._features:
+            self._features[key] = torch.randn(shape, device=like.device).to(like.dtype)
+        return self._features[key]
+
+    def forward(self, meta, x, weight, bias):
+        y_rows = linear_rows(self._z(meta, x.shape[0], x), weight, bias)  # [B*Nout, Cout]
+        return y_from_rows(y_rows, x.shape[0], meta.n_out)  # [B, Cout, Nout]
+
+    @staticmethod
+    def _grad_y_rows(grad_y: torch.Tensor) -> torch.Tensor:  # [B*Nout, Cout], a view if it can
+        return grad_y.transpose(1, 2).reshape(-1, grad_y.shape[1])
+
+    def grad_input(self, meta, grad_y, weight):
+        self._grad_y_rows(grad_y) @ weight  # [B*Nout, Cin*V], the GEMM's cost only
+        return grad_y.new_zeros(grad_y.shape[0], meta.in_channels, meta.n_in)
+
+    def grad_weight(self, meta, grad_y, x):
+        return self._grad_y_rows(grad_y).t() @ self._z(meta, x.shape[0], x)  # [Cout, Cin*V]
 
 
 def trunk_step(model: torch.nn.Module, x: torch.Tensor) -> Contender:
@@ -46,31 +92,43 @@ def network_rows(
     routed = ResNet18Trunk().to(device=device, dtype=dtype)
     einsum = ResNet18Trunk(backend="einsum_baseline").to(device=device, dtype=dtype)
     einsum.load_state_dict(routed.state_dict())
-    n_in = routed.conv1.meta.n_in
-    rows = []
-    for batch in batches:
-        held = targets.NETWORK.get(batch)
-        x = torch.randn(batch, 3, n_in, device=device, dtype=dtype)
-        steps = {"routed": trunk_step(routed, x), "einsum": trunk_step(einsum, x)}
-        timed = timing.measure(
-            steps, ratios=[("routed", "einsum")], repeats=repeats, warmup=1, cap_s=CAP_S
-        )
-        times, ratio = timed.medians(), timed.ratio("routed", "einsum")
-        memory = {name: peak_memory_bytes(step, device) for name, step in steps.items()}
-        rows.append(
-            {
-                "batch": batch,
-                "ms": {k: 1e3 * v for k, v in times.items()},
-                "MiB": {k: v / 2**20 for k, v in memory.items()},
-                "time ratio": ratio.median,
-                "spread": [ratio.low, ratio.high],
-                "rounds": timed.rounds,
-                "stopped": timed.stop_note(),
-                "memory ratio": memory["routed"] / memory["einsum"],
-                "target": held.at_most if held and dtype == torch.float32 else None,
-            }
-        )
-    return rows
+    floor_ops = GemmFloorOps()
+    register_ops(floor_ops)
+    try:
+        floor = ResNet18Trunk(backend=floor_ops.name).to(device=device, dtype=dtype)
+        floor.load_state_dict(routed.state_dict())
+        return [_row(batch, routed, einsum, floor, repeats, device, dtype) for batch in batches]
+    finally:
+        unregister_ops(floor_ops.name)
+
+
+def _row(batch: int, routed, einsum, floor, repeats: int, device, dtype) -> dict:
+    """One batch size's row of :func:`network_rows`."""
+    held = targets.NETWORK.get(batch)
+    x = torch.randn(batch, 3, routed.conv1.meta.n_in, device=device, dtype=dtype)
+    steps = {name: trunk_step(model, x) for name, model in
+             (("routed", routed), ("einsum", einsum), ("floor", floor))}  # fmt: skip
+    timed = timing.measure(
+        steps, ratios=[("routed", "einsum"), ("floor", "einsum")], repeats=repeats, warmup=1,
+        cap_s=CAP_S,
+    )  # fmt: skip
+    times, ratio, at_floor = (
+        timed.medians(), timed.ratio("routed", "einsum"), timed.ratio("floor", "einsum")
+    )  # fmt: skip
+    memory = {name: peak_memory_bytes(steps[name], device) for name in ("routed", "einsum")}
+    return {
+        "batch": batch,
+        "ms": {k: 1e3 * v for k, v in times.items()},
+        "MiB": {k: v / 2**20 for k, v in memory.items()},
+        "time ratio": ratio.median,
+        "spread": [ratio.low, ratio.high],
+        "floor ratio": at_floor.median,
+        "floor spread": [at_floor.low, at_floor.high],
+        "rounds": timed.rounds,
+        "stopped": timed.stop_note(),
+        "memory ratio": memory["routed"] / memory["einsum"],
+        "target": held.at_most if held and dtype == torch.float32 else None,
+    }
 
 
 def run(batches=(16, 64), repeats: int = 5, device: str = "cpu", dtype=torch.float32) -> list:
@@ -78,19 +136,21 @@ def run(batches=(16, 64), repeats: int = 5, device: str = "cpu", dtype=torch.flo
     rows = network_rows(batches, repeats, device, dtype)
     print(f"fovi-resnet18 trunk, forward + backward, {device} {dtype_name(dtype)}: routed / einsum")
     print("time: median ± half the IQR of the per-round ratios; verdict: met (the IQR at or below")
-    print("the target), MISSED '!' (above), unsure '?' (it straddles the target)")
+    print("the target), MISSED '!' (above), unsure '?' (it straddles the target); floor: the")
+    print("trunk whose convolutions run only their three GEMMs, / einsum (GemmFloorOps)")
     print(
-        f"{'batch':>6}{'routed ms':>11}{'einsum ms':>11}{'time':>12}{'target':>8}{'memory':>8}"
-        f"{'verdict':>9}"
+        f"{'batch':>6}{'routed ms':>11}{'einsum ms':>11}{'floor ms':>10}{'time':>12}"
+        f"{'target':>8}{'floor':>12}{'memory':>8}{'verdict':>9}"
     )
     for r in rows:
         ratio = timing.Ratio(r["time ratio"], *r["spread"], r["rounds"])
         target = "-" if r["target"] is None else f"{r['target']:.2f}"
         verdict = "-" if r["target"] is None else timing.verdict(ratio, r["target"])
+        at_floor = timing.Ratio(r["floor ratio"], *r["floor spread"], r["rounds"])
         print(
             f"{r['batch']:>6}{r['ms']['routed']:>11.1f}{r['ms']['einsum']:>11.1f}"
-            f"{ratio.text(timing.mark_of(verdict)):>12}{target:>8}{r['memory ratio']:>8.2f}"
-            f"{verdict:>9}"
+            f"{r['ms']['floor']:>10.1f}{ratio.text(timing.mark_of(verdict)):>12}{target:>8}"
+            f"{at_floor.text(''):>12}{r['memory ratio']:>8.2f}{verdict:>9}"
         )
         print(f"{'':>6}  {r['stopped']}")
     return rows
