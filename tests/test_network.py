@@ -54,5 +54,6 @@ def test_max_pool_ignores_padding():
 def test_network_bench_reports_ratios():
     (row,) = network_bench.network_rows(batches=(1,), repeats=1)
     assert row["batch"] == 1 and row["time ratio"] > 0 and row["memory ratio"] > 0
-    assert set(row["ms"]) == {"routed", "einsum", "floor"} and row["floor ratio"] > 0
-    assert "gemm floor (bench)" not in available_ops()  # registered only while measuring
+    assert set(row["ms"]) == {"routed", "einsum", "floor", "floor+cells"}
+    assert all(ratio > 0 for ratio, *_ in row["floors"].values())
+    assert not [name for name in available_ops() if "bench" in name]  # only while measuring

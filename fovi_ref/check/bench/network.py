@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from fovi_ref import KNNMeta, dtype_name, register_ops, unregister_ops
+from fovi_ref import KNNMeta, available_ops, dtype_name, register_ops, unregister_ops
 from fovi_ref.check.bench import targets, timing
 from fovi_ref.check.bench.contenders import Contender
 from fovi_ref.check.bench.timing import peak_memory_bytes
@@ -31,11 +31,10 @@ __all__ = ["GemmFloorOps", "network_rows", "run", "trunk_step"]
 
 CAP_S = 90.0
 """Seconds one batch size may take before it stops adding rounds (a step takes up to ~1 s)."""
-"""Routed / all-einsum step time the trunk should reach in float32, per batch size."""
 
 
 class GemmFloorOps:
-    """A stand-in backend for the trunk's floor: each convolution runs the three GEMMs of its
+    """A stand-in backend for the trunk's floors: each convolution runs the three GEMMs of its
     sizes and nothing else, on cell features ``z [B*Nout, Cin*V]`` (standard normal) made once
     per size, as the per-layer GEMM floor's are:
 
@@ -43,12 +42,15 @@ class GemmFloorOps:
     - input gradient: ``grad_y_rows @ W`` ``[B*Nout, Cin*V]``, then a zero ``grad_x``;
     - weight gradient: ``grad_y_rows^T @ z`` ``[Cout, Cin*V]``.
 
-    Its values are not a convolution's (the trunk needs only their shapes, and finite values for
-    BatchNorm). Registered only while :func:`network_rows` measures (:data:`NAME`)."""
+    With ``write_cells``, the forward first copies ``z`` into fresh memory: the one write of the
+    cell features that any implementation forming them before its GEMM pays (``general``'s
+    binning, fovi's gather), and nothing of how they are formed. Its values are not a
+    convolution's (the trunk needs only their shapes, and finite values for BatchNorm).
+    Registered only while :func:`network_rows` measures."""
 
-    name = "gemm floor (bench)"
-
-    def __init__(self) -> None:
+    def __init__(self, write_cells: bool = False) -> None:
+        self.write_cells = write_cells
+        self.name = "gemm floor + cells (bench)" if write_cells else "gemm floor (bench)"
         self._features: dict[tuple, torch.Tensor] = {}
 
     def _z(self, meta: KNNMeta, batch: int, like: torch.Tensor) -> torch.Tensor:
@@ -59,7 +61,10 @@ class GemmFloorOps:
         return self._features[key]
 
     def forward(self, meta, x, weight, bias):
-        y_rows = linear_rows(self._z(meta, x.shape[0], x), weight, bias)  # [B*Nout, Cout]
+        z = self._z(meta, x.shape[0], x)  # [B*Nout, Cin*V]
+        if self.write_cells:
+            z = z.clone()
+        y_rows = linear_rows(z, weight, bias)  # [B*Nout, Cout]
         return y_from_rows(y_rows, x.shape[0], meta.n_out)  # [B, Cout, Nout]
 
     @staticmethod
@@ -92,38 +97,40 @@ def network_rows(
     routed = ResNet18Trunk().to(device=device, dtype=dtype)
     einsum = ResNet18Trunk(backend="einsum_baseline").to(device=device, dtype=dtype)
     einsum.load_state_dict(routed.state_dict())
-    floor_ops = GemmFloorOps()
-    register_ops(floor_ops)
+    floors = {"floor": GemmFloorOps(), "floor+cells": GemmFloorOps(write_cells=True)}
+    trunks = {"routed": routed, "einsum": einsum}
     try:
-        floor = ResNet18Trunk(backend=floor_ops.name).to(device=device, dtype=dtype)
-        floor.load_state_dict(routed.state_dict())
-        return [_row(batch, routed, einsum, floor, repeats, device, dtype) for batch in batches]
+        for key, ops in floors.items():
+            register_ops(ops)
+            trunks[key] = ResNet18Trunk(backend=ops.name).to(device=device, dtype=dtype)
+            trunks[key].load_state_dict(routed.state_dict())
+        return [_row(batch, trunks, repeats, device, dtype) for batch in batches]
     finally:
-        unregister_ops(floor_ops.name)
+        for ops in floors.values():
+            if ops.name in available_ops():
+                unregister_ops(ops.name)
 
 
-def _row(batch: int, routed, einsum, floor, repeats: int, device, dtype) -> dict:
+RATIOS = {"time": "routed", "floor": "floor", "floor+cells": "floor+cells"}
+"""The ratios of a row, each a trunk's step time / the all-einsum trunk's."""
+
+
+def _row(batch: int, trunks: dict, repeats: int, device, dtype) -> dict:
     """One batch size's row of :func:`network_rows`."""
     held = targets.NETWORK.get(batch)
-    x = torch.randn(batch, 3, routed.conv1.meta.n_in, device=device, dtype=dtype)
-    steps = {name: trunk_step(model, x) for name, model in
-             (("routed", routed), ("einsum", einsum), ("floor", floor))}  # fmt: skip
-    timed = timing.measure(
-        steps, ratios=[("routed", "einsum"), ("floor", "einsum")], repeats=repeats, warmup=1,
-        cap_s=CAP_S,
-    )  # fmt: skip
-    times, ratio, at_floor = (
-        timed.medians(), timed.ratio("routed", "einsum"), timed.ratio("floor", "einsum")
-    )  # fmt: skip
+    x = torch.randn(batch, 3, trunks["routed"].conv1.meta.n_in, device=device, dtype=dtype)
+    steps = {name: trunk_step(model, x) for name, model in trunks.items()}
+    pairs = [(trunk, "einsum") for trunk in RATIOS.values()]
+    timed = timing.measure(steps, ratios=pairs, repeats=repeats, warmup=1, cap_s=CAP_S)
     memory = {name: peak_memory_bytes(steps[name], device) for name in ("routed", "einsum")}
+    ratios = {name: timed.ratio(trunk, "einsum") for name, trunk in RATIOS.items()}
     return {
         "batch": batch,
-        "ms": {k: 1e3 * v for k, v in times.items()},
+        "ms": {k: 1e3 * v for k, v in timed.medians().items()},
         "MiB": {k: v / 2**20 for k, v in memory.items()},
-        "time ratio": ratio.median,
-        "spread": [ratio.low, ratio.high],
-        "floor ratio": at_floor.median,
-        "floor spread": [at_floor.low, at_floor.high],
+        "time ratio": ratios["time"].median,
+        "spread": [ratios["time"].low, ratios["time"].high],
+        "floors": {name: [r.median, r.low, r.high] for name, r in ratios.items() if name != "time"},
         "rounds": timed.rounds,
         "stopped": timed.stop_note(),
         "memory ratio": memory["routed"] / memory["einsum"],
@@ -137,20 +144,21 @@ def run(batches=(16, 64), repeats: int = 5, device: str = "cpu", dtype=torch.flo
     print(f"fovi-resnet18 trunk, forward + backward, {device} {dtype_name(dtype)}: routed / einsum")
     print("time: median ± half the IQR of the per-round ratios; verdict: met (the IQR at or below")
     print("the target), MISSED '!' (above), unsure '?' (it straddles the target); floor: the")
-    print("trunk whose convolutions run only their three GEMMs, / einsum (GemmFloorOps)")
+    print("trunk whose convolutions run only their three GEMMs / einsum; floor+cells: the same,")
+    print("each forward also writing its cell features once (GemmFloorOps)")
     print(
         f"{'batch':>6}{'routed ms':>11}{'einsum ms':>11}{'floor ms':>10}{'time':>12}"
-        f"{'target':>8}{'floor':>12}{'memory':>8}{'verdict':>9}"
+        f"{'target':>8}{'floor':>12}{'floor+cells':>13}{'memory':>8}{'verdict':>9}"
     )
     for r in rows:
         ratio = timing.Ratio(r["time ratio"], *r["spread"], r["rounds"])
         target = "-" if r["target"] is None else f"{r['target']:.2f}"
         verdict = "-" if r["target"] is None else timing.verdict(ratio, r["target"])
-        at_floor = timing.Ratio(r["floor ratio"], *r["floor spread"], r["rounds"])
+        floor, cells = (timing.Ratio(*r["floors"][k], r["rounds"]).text() for k in r["floors"])
         print(
             f"{r['batch']:>6}{r['ms']['routed']:>11.1f}{r['ms']['einsum']:>11.1f}"
             f"{r['ms']['floor']:>10.1f}{ratio.text(timing.mark_of(verdict)):>12}{target:>8}"
-            f"{at_floor.text(''):>12}{r['memory ratio']:>8.2f}{verdict:>9}"
+            f"{floor:>12}{cells:>13}{r['memory ratio']:>8.2f}{verdict:>9}"
         )
         print(f"{'':>6}  {r['stopped']}")
     return rows
