@@ -13,9 +13,11 @@ from fovi_ref.check.tolerances import QUANTITIES, expected_quantities, judge_ele
 from fovi_ref.check.verify import BASELINE, backends_for
 from fovi_ref.grid import conv2d_grid_meta, to_grid, to_nodes
 from fovi_ref.knn_general import (
+    FEW_SAMPLES,
     HUB,
     SegmentSumPlan,
     block_channels,
+    over_nodes,
     segment_sum,
     segment_sum_entries,
     segment_sum_naive,
@@ -25,14 +27,21 @@ from fovi_ref.knn_general import derive as general_derive
 KS = [1, 2, 4, 9, 49]
 VS = [1, 4, 9, 49]
 GRAPHS = [(k, v) for k in KS for v in VS]
+# general sums over node rows up to FEW_SAMPLES samples, over channel rows beyond: both are judged.
+BATCHES = pytest.mark.parametrize("batch", [2, FEW_SAMPLES + 3], ids=["node rows", "channel rows"])
+
+
+def test_the_batches_take_both_layouts():
+    assert over_nodes(2) and not over_nodes(FEW_SAMPLES + 3)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k,v", GRAPHS)
-def test_float64_matches_oracle(k, v, device):
+@BATCHES
+def test_float64_matches_oracle(k, v, batch, device):
     meta = random_meta(k, v, seed=k * 100 + v, device=device)
-    x, w, b = sample_inputs(meta)
-    grad_y = torch.randn(2, 4, meta.n_out, dtype=torch.float64, device=device)
+    x, w, b = sample_inputs(meta, batch=batch)
+    grad_y = torch.randn(batch, 4, meta.n_out, dtype=torch.float64, device=device)
     expected = expected_quantities(x, w, b, meta, grad_y)
     for backend in backends_for(meta):
         got = forward_and_grads(x, w, b, meta, grad_y, backend)
@@ -44,12 +53,13 @@ def test_float64_matches_oracle(k, v, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
 @pytest.mark.parametrize("k,v", [(1, 1), (2, 4), (9, 9), (49, 49)])
-def test_low_precision_within_error_bound(k, v, dtype, device):
+@BATCHES
+def test_low_precision_within_error_bound(k, v, batch, dtype, device):
     """Every element of every result in float32/16/bf16 stays within its bound (the rule of
     fovi_ref.check.tolerances); einsum_baseline's worst ratio rides along in the message."""
     meta = random_meta(k, v, n_in=60, n_out=40, in_channels=16, seed=7, device=device)
-    x, w, b = sample_inputs(meta, out_channels=32, batch=4, dtype=dtype)
-    grad_y = torch.randn(4, 32, meta.n_out, device=device).to(dtype)
+    x, w, b = sample_inputs(meta, out_channels=32, batch=batch, dtype=dtype)
+    grad_y = torch.randn(batch, 32, meta.n_out, device=device).to(dtype)
     # The oracle sees the same rounded inputs, so only the backends' own arithmetic is judged.
     expected = expected_quantities(x, w, b, meta, grad_y)
     baseline = forward_and_grads(x, w, b, meta, grad_y, BASELINE)
@@ -63,9 +73,10 @@ def test_low_precision_within_error_bound(k, v, dtype, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k,v", [(1, 1), (2, 4), (9, 9), (4, 1)])
-def test_gradcheck(k, v, device):
+@BATCHES
+def test_gradcheck(k, v, batch, device):
     meta = random_meta(k, v, n_in=12, n_out=8, in_channels=2, seed=3, device=device)
-    x, w, b = sample_inputs(meta, out_channels=3)
+    x, w, b = sample_inputs(meta, out_channels=3, batch=batch)
     for backend in backends_for(meta):
 
         def fn(x, w, b, backend=backend):
@@ -201,6 +212,24 @@ def test_segment_sums_add_in_listed_order_bit_for_bit(direction, device):
         n_terms * torch.finfo(torch.float32).eps * segment_sum_naive(values.abs(), dst, src, size)
     )
     assert bool(((naive - got).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_node_rows_sum_like_channel_rows_bit_for_bit(direction, device):
+    """The node plans (one channel's entries) applied to node rows ``[N, B*Cin]`` give the
+    channel plans' sums on channel rows ``[Cin*N, B]`` bit for bit: same rows, same order, hub
+    trees included (the backward of this graph has hubs)."""
+    c_in, batch, n_out = 3, 2, 4 * HUB
+    meta = random_meta(9, 9, n_in=25, n_out=n_out, in_channels=c_in, seed=5, device=device)
+    derived = general_derive(meta)
+    rows = meta.n_in if direction == "forward" else meta.v * n_out  # source rows per channel
+    values = order_sensitive_rows(c_in * rows, batch, device)  # [Cin*rows, B], channel rows
+    channel_sums = segment_sum(values, SegmentSumPlan.from_derived(derived, direction))
+    nodes = values.view(c_in, rows, batch).permute(1, 2, 0).reshape(rows, batch * c_in)
+    node_sums = segment_sum(nodes, SegmentSumPlan.from_derived(derived, f"{direction}_nodes"))
+    as_channels = node_sums.view(-1, batch, c_in).permute(2, 0, 1).reshape(-1, batch)
+    assert torch.equal(as_channels, channel_sums)
 
 
 def small_blocks(monkeypatch, rows: int) -> None:

@@ -252,11 +252,15 @@ def test_einsum_baseline_chain_is_bit_identical_to_fovis_way_in_float64():
     assert torch.equal(ours, theirs)
 
 
-def _thread_case(backend: str, dtype: torch.dtype):
-    """``(meta, x, weight, bias, grad_y)``: a graph the backend accepts, operands at batch 16."""
+def _thread_case(backend: str, dtype: torch.dtype, batch: int):
+    """``(meta, x, weight, bias, grad_y)``: a graph the backend accepts, operands at ``batch``."""
     k, v = (1, 1) if backend == "gather_gemm" else (9, 9)
     meta = random_meta(k, v, n_in=300, n_out=200, in_channels=32, seed=3)
-    return (meta, *sample_operands(meta, 64, batch=16, dtype=dtype))
+    return (meta, *sample_operands(meta, 64, batch=batch, dtype=dtype))
+
+
+# general sums over node rows at batch 2 and over channel rows at batch 16 (knn_general).
+THREAD_BATCHES = pytest.mark.parametrize("batch", [2, 16])
 
 
 def _run_with_threads(n: int, backend: str, meta, x, w, b, grad_y) -> tuple[torch.Tensor, ...]:
@@ -270,19 +274,21 @@ def _run_with_threads(n: int, backend: str, meta, x, w, b, grad_y) -> tuple[torc
 
 @pytest.mark.parametrize("backend", available_ops())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_results_repeat_bitwise_at_a_fixed_thread_count(backend, dtype):
+@THREAD_BATCHES
+def test_results_repeat_bitwise_at_a_fixed_thread_count(backend, dtype, batch):
     """The README promises bitwise repeatable results run to run at a fixed thread count."""
-    case = _thread_case(backend, dtype)
+    case = _thread_case(backend, dtype, batch)
     for n in (1, 2):
         assert_all_equal(_run_with_threads(n, backend, *case), _run_with_threads(n, backend, *case))
 
 
 @pytest.mark.parametrize("backend", available_ops())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_results_under_another_thread_count_stay_within_the_rule(backend, dtype):
+@THREAD_BATCHES
+def test_results_under_another_thread_count_stay_within_the_rule(backend, dtype, batch):
     """1 and 2 threads may round differently (MKL blocks its GEMMs by thread count, on some
     machines even gather_gemm's): both runs pass the elementwise tolerance rule."""
-    meta, x, w, b, grad_y = case = _thread_case(backend, dtype)
+    meta, x, w, b, grad_y = case = _thread_case(backend, dtype, batch)
     expected = expected_quantities(x, w, b, meta, grad_y)
     for n in (1, 2):
         for name, value in zip(QUANTITIES, _run_with_threads(n, backend, *case), strict=True):
