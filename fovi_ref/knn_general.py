@@ -284,9 +284,10 @@ FEW_COLUMNS = 16  # largest Nout*B for which the GEMMs are arranged for few colu
 
 def _weight_t_times(weight: torch.Tensor, grad_y_cols: torch.Tensor) -> torch.Tensor:
     """``weight^T @ grad_y_cols``: ``[Cin*V, Cout] @ [Cout, M] -> [Cin*V, M]``, contiguous.
-    Where ``M = Nout*B`` is at most :data:`FEW_COLUMNS` (layer4 up to batch 8), MKL runs it as
-    ``(grad_y_cols^T @ weight)^T`` 2 to 10 times faster (0.16 against 1.6 ms for layer4.0.conv2 at
-    batch 1 on a 2-core CPU), and the transposing copy is tiny; elsewhere it is not worth it."""
+    Where ``M = Nout*B`` is at most :data:`FEW_COLUMNS` (layer4 at batch 5 to 8: fewer samples
+    go over node rows, whose GEMM has this orientation already), MKL runs it as
+    ``(grad_y_cols^T @ weight)^T`` 2 to 10 times faster (0.16 against 1.6 ms for layer4.0.conv2's
+    sizes at batch 1 on a 2-core CPU), and the transposing copy is tiny; elsewhere it is not."""
     if grad_y_cols.shape[1] <= FEW_COLUMNS:
         return (grad_y_cols.t() @ weight).t().contiguous()
     return weight.t() @ grad_y_cols

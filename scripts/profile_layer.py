@@ -1,0 +1,61 @@
+"""Where one layer's forward + backward spends its time: the routed backend beside fovi's einsum.
+
+    .venv/bin/python scripts/profile_layer.py layer3.0.conv2 --batch 1 4
+    .venv/bin/python scripts/profile_layer.py res18_ds2 --batch 64 --calls 10
+
+For each batch, every contender (the routed backend through ``knn_conv``, fovi's einsum path, and
+the layer's GEMM floor) runs ``--calls`` times under ``torch.profiler``; the table gives each
+operator's self CPU time per call and its share of the contender's total, so the GEMMs' share
+and what is left beside them can be read off. The profiler adds its own cost to every operator:
+these are shares, not timings (``python -m fovi_ref bench --batch-scaling`` gives the ratios).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from fovi_ref import route
+from fovi_ref.check.bench.contenders import fovi_einsum, gemm_floor, knn_backend, make_inputs
+from fovi_ref.check.bench.profile import profile_contender
+from fovi_ref.geometry import get_layer
+
+GEMMS = ("aten::mm", "aten::addmm", "aten::bmm")
+TOP = 8  # operators listed per contender
+
+
+def profile_table(name: str, batch: int, calls: int) -> None:
+    layer = get_layer(name)
+    inputs = make_inputs(layer.meta, layer.out_channels, batch, torch.float32)
+    contenders = {
+        f"routed ({route(layer.meta)})": knn_backend(inputs, route(layer.meta)),
+        "fovi einsum": fovi_einsum(inputs),
+        "GEMM floor": gemm_floor(inputs),
+    }
+    print(f"\n{name}, batch {batch}, float32, {calls} calls each: self CPU us per call (share)")
+    for label, run in contenders.items():
+        prof = profile_contender(lambda run=run: [run() for _ in range(calls)], warmup=3)
+        ops = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+        total = sum(e.self_cpu_time_total for e in ops) / calls
+        gemm = sum(e.self_cpu_time_total for e in ops if e.key in GEMMS) / calls
+        print(f"  {label}: {total:.0f} us, GEMMs {gemm / total:.0%}, {len(ops)} operator kinds")
+        for e in sorted(ops, key=lambda e: -e.self_cpu_time_total)[:TOP]:
+            per_call = e.self_cpu_time_total / calls
+            print(f"    {e.key.removeprefix('aten::'):34s}{e.count // calls:>5} calls"
+                  f"{per_call:>10.1f} us{per_call / total:>6.0%}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("layer", help="a module path (layer2.0.conv1) or res18_ds2/3/4")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--calls", type=int, default=30, help="calls profiled per contender")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    for batch in args.batch:
+        profile_table(args.layer, batch, args.calls)
+
+
+if __name__ == "__main__":
+    main()
