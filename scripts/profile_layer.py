@@ -19,7 +19,7 @@ import torch
 from fovi_ref import route
 from fovi_ref.check.bench.contenders import fovi_einsum, gemm_floor, knn_backend, make_inputs
 from fovi_ref.check.bench.profile import profile_contender
-from fovi_ref.geometry import get_layer
+from fovi_ref.geometry import UnknownLayerError, get_layer
 
 GEMMS = ("aten::mm", "aten::addmm", "aten::bmm")
 TOP = 8  # operators listed per contender
@@ -52,6 +52,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--calls", type=int, default=30, help="calls profiled per contender")
     args = parser.parse_args()
+    if min(args.batch) < 1 or args.calls < 1:
+        parser.error("--batch and --calls take positive integers")
+    try:
+        get_layer(args.layer)
+    except UnknownLayerError as err:
+        parser.error(err.args[0])
     torch.manual_seed(0)
     for batch in args.batch:
         profile_table(args.layer, batch, args.calls)
