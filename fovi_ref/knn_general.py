@@ -114,10 +114,12 @@ class SegmentSumPlan:
     def from_derived(cls, data: Derived, prefix: str) -> SegmentSumPlan:
         """The inverse of :meth:`as_derived`."""
 
-        def steps(kind: str, width: int) -> tuple:  # fmt: skip
-            n = sum(key.startswith(f"{prefix}.{kind}") for key in data) // width
-            return tuple(tuple(data[f"{prefix}.{kind}{r}.{i}"] for i in range(width))
-                         for r in range(n))  # fmt: skip
+        def steps(kind: str, width: int) -> tuple:  # looked up, not scanned: it runs per call
+            found = []
+            while f"{prefix}.{kind}{len(found)}.0" in data:
+                step = len(found)
+                found.append(tuple(data[f"{prefix}.{kind}{step}.{i}"] for i in range(width)))
+            return tuple(found)
 
         first, empty = data[f"{prefix}.first"], data[f"{prefix}.empty"]
         return cls(first.shape[0], first, empty, steps("round", 2), steps("tree", 3))
