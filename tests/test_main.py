@@ -8,8 +8,10 @@ import pytest
 import torch
 from conftest import random_meta
 
+from fovi_ref import KNNMeta
 from fovi_ref.check import bench
 from fovi_ref.check.bench.budget import forced_grad_input_path
+from fovi_ref.check.bench.layers import empty_cell_share
 from fovi_ref.check.cli import main
 from fovi_ref.knn_general import GeneralOps
 
@@ -66,6 +68,7 @@ def test_bench_writes_ratios(tmp_path):
         "gemm floor",
     }
     assert general[0]["general / einsum peak memory"] > 0
+    assert 0 <= general[0]["empty cells"] < 1
     assert (tmp_path / "bench.png").stat().st_size > 0
     csv_rows = (tmp_path / "bench.csv").read_text().splitlines()
     assert len(csv_rows) == 1 + 3 + 2  # header, ds4's three targets, layer4.1.conv1's two
@@ -167,3 +170,12 @@ def test_an_interrupted_bench_keeps_the_old_set_whole(tmp_path):
         assert all(p.read_text() == f"old {p.name}" for p in tmp_path.iterdir())
     write_set(tmp_path, {n: (lambda p: p.write_text("new")) for n in writers})
     assert all(p.read_text() == "new" for p in tmp_path.iterdir())
+
+
+def test_empty_cell_share_counts_cells_no_real_neighbour_falls_in():
+    """Node 0 puts both neighbours in cell 0; node 1 one in cell 1 and a padding neighbour in cell
+    2: two of the six (node, cell) pairs hold a real neighbour."""
+    knn = torch.tensor([[0, 2], [1, 3]])  # [K=2, Nout=2]; 3 = n_in marks padding
+    rf_index = torch.tensor([[0, 0], [1, 2]])  # [Nout, K]
+    meta = KNNMeta.from_knn(knn, rf_index, n_in=3, in_channels=2, v=3)
+    assert empty_cell_share(meta) == pytest.approx(4 / 6)

@@ -26,12 +26,13 @@ import json
 import os
 import shutil
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
 import torch
 
-from fovi_ref import DTYPES, route
+from fovi_ref import DTYPES, KNNMeta, route
 from fovi_ref.check.bench import contenders, profile, targets, timing
 from fovi_ref.check.jobs import layer_names, progress, shared_graph_groups
 from fovi_ref.geometry import RES18_DOWNSAMPLES, get_layer
@@ -137,6 +138,16 @@ GENERAL_RATIOS = {
 """The timed ratios of a K > 1 row."""
 
 
+def empty_cell_share(meta: KNNMeta) -> float:
+    """The share of ``(node, cell)`` pairs that no real neighbour falls in: zero columns of the
+    cell features ``[B*Nout, Cin*V]`` that every dense GEMM (the floor's included) multiplies."""
+    node = torch.arange(meta.n_out, device=meta.device).expand(meta.k, -1)  # [K, Nout]
+    real = ~meta.pad_mask  # [K, Nout]
+    occupied = torch.zeros(meta.n_out, meta.v, dtype=torch.bool, device=meta.device)
+    occupied[node[real], meta.rf_index.t()[real]] = True  # [Nout, V]
+    return 1.0 - float(occupied.float().mean())
+
+
 def bench_general(args, device, dtype_name, names) -> list[dict]:
     """K > 1 layers: general against fovi's einsum, time and peak memory; one row per distinct
     graph and channel count (layers that share both are measured once and listed together)."""
@@ -167,6 +178,7 @@ def bench_general(args, device, dtype_name, names) -> list[dict]:
             "batch": batch,
             "dtype": dtype_name,
             "K": layer.meta.k,
+            "empty cells": empty_cell_share(layer.meta),
             "ms": {k: 1e3 * v for k, v in measured.medians().items()},
             "MiB": {k: v / 2**20 for k, v in memory.items()},
             # Peak bytes are counted, not timed: no spread.
@@ -302,6 +314,11 @@ def print_general_table(rows: list[dict]) -> None:
             f"{mark(r, 'gemm floor / einsum time'):>11}{mark(r, 'general / gemm floor'):>11}"
             f"{mark(r, 'general / einsum peak memory'):>7}{verdict(r):>9}"
         )
+    shares = [f"{r['layer'].split(', ')[0]} {r['empty cells']:.0%}" for r in rows]
+    print("empty cells, whose zero features the floor's dense GEMMs multiply too (a formulation")
+    print("that skips them could run below this floor):")
+    print(textwrap.fill(", ".join(dict.fromkeys(shares)), 98, initial_indent="  ",
+                        subsequent_indent="  "))  # fmt: skip
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
