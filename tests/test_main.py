@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from fovi_ref.check import bench
 from fovi_ref.check.bench.budget import forced_grad_input_path
 from fovi_ref.check.bench.layers import empty_cell_share
 from fovi_ref.check.cli import main
+from fovi_ref.geometry import get_layer
 from fovi_ref.knn_general import GeneralOps
 
 
@@ -179,3 +181,10 @@ def test_empty_cell_share_counts_cells_no_real_neighbour_falls_in():
     rf_index = torch.tensor([[0, 0], [1, 2]])  # [Nout, K]
     meta = KNNMeta.from_knn(knn, rf_index, n_in=3, in_channels=2, v=3)
     assert empty_cell_share(meta) == pytest.approx(4 / 6)
+
+
+def test_readme_states_the_empty_cell_shares_the_bench_computes():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    layer1, layer4 = (empty_cell_share(get_layer(name).meta) for name in
+                      ("layer1.0.conv1", "layer4.0.conv2"))  # fmt: skip
+    assert f"({layer1:.0%} on layer1, {layer4:.0%} on layer4.0.conv2)" in readme
