@@ -89,6 +89,7 @@ def worker(rank: int, port: int, args: argparse.Namespace) -> None:
         ms = times["broadcast"]
         print(f"  one broadcast of {sent['default']:.2f} MB alone: {statistics.median(ms):.1f} +- "
               f"{spread(ms):.1f} ms")  # fmt: skip
+    dist.barrier()  # tear down together (as in tests/test_ddp.py: a lone teardown can abort)
     dist.destroy_process_group()
 
 

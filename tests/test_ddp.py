@@ -57,6 +57,11 @@ def worker(rank: int, port: int, out: str) -> None:
     broadcast = sorted(ddp.named_module_buffers)  # what DDP sends before each forward
     result = {"losses": losses, "adopted": adopted, "broadcast": broadcast, "knn": model[0].knn}
     torch.save(result | {"state": model.state_dict()}, f"{out}/rank{rank}.pt")
+    # Both ranks reach the teardown together, and DDP's reducer goes first: a rank that tore its
+    # gloo group down while the other still used it once died in C++ ("terminate called without
+    # an active exception", SIGABRT), failing a CI run whose results were all correct.
+    dist.barrier()
+    del ddp, opt
     dist.destroy_process_group()
 
 
