@@ -14,6 +14,7 @@ one-hot ``local_rf`` product:
 
 2. ONE GEMM with the shared weight over all nodes and the whole batch: ``y = weight @ z`` with
    ``z`` viewed as ``[Cin*V, Nout*B]``; its row ``c*V + v`` is exactly the weight's column order.
+   (Or, where few cells are occupied, one GEMM per cell: "Occupied cells" below.)
 
 Both gradients follow from the same two steps run backwards::
 
@@ -55,6 +56,33 @@ transposing copy of ``z`` into the GEMM's ``[B*Nout, Cin*V]`` and one of ``grad_
 in exchange the GEMM's rows are the ``(b, n)`` pairs, which *are* ``y``'s storage (no copy of
 ``y``). Measured side by side on a 2-core CPU: 0.5 to 0.85 of the time of the channel rows at
 batch 1 to 4 on res18's layers, 0.95 to 1.1 at batch 8, 1.0 to 1.3 from batch 16.
+
+**Occupied cells.** Most nodes leave some cells empty (27 to 62% of res18's ``(node, cell)``
+pairs), and the dense GEMM multiplies their zeros. Over the ``T`` *occupied* pairs instead, sorted
+cell-major, the products split by cell: with ``weight_v [Cout, Cin]`` cell ``v``'s columns and
+``z_pairs [T*B, Cin]`` (row ``t*B + b``; the node-row sums write it directly, each pair a
+destination)::
+
+    u[block v]            = z_pairs[block v] @ weight_v^T           # [T_v*B, Cout]
+    y[b, :, n]            = bias + sum over n's occupied cells of u[pair (n, v), b]
+    grad_z_pairs[block v] = grad_y_pairs[block v] @ weight_v       # then summed back to x
+    grad_weight_v         = grad_y_pairs[block v]^T @ z_pairs[block v]
+
+with ``grad_y_pairs [T*B, Cout]`` gathered per pair. That is ``T / (Nout*V)`` of the products,
+paid for with one permuting copy of the weight in each of the forward and the backward, and
+traffic per pair (``u``, its sum, ``grad_y``'s gather) that the dense path does not have.
+:func:`cells_estimate` models the ratio of the two GEMM stages,
+
+    occupied * (1 + PAIR_COST / Cin) + WEIGHT_COST / (B * Nout),
+
+with both constants fitted to a prototype of the two stages on res18's K > 1 graphs at batch 16
+and 64 on a 2-core CPU (its predictions fell within about 0.1 of the measured ratios, 0.56 to
+1.29), and the GEMMs run per cell where it is at most :data:`CELLS_AT_MOST`. The choice is a pure
+function of the graph and the batch, so the result is too. Measured there, whole forward +
+backward per cell / dense where it is chosen: layer4.0.conv2 0.64 (batch 64) to 0.48 (256),
+layer3.0.conv2 0.88 (16) to 0.72 (256), layer4.0.conv1 0.92 (64) to 0.76 (256), layer3.0.conv1
+0.94 (64) to 0.96 (256). Where it is not: layer3.0.conv1 at batch 16 1.10, layer2.0.conv2 at
+batch 256 1.48 (estimate 0.93), layer1 1.1 to 1.25; batch 4 and below 1.2 to 2.2.
 """
 
 from __future__ import annotations
@@ -66,8 +94,9 @@ import torch
 from fovi_ref.layout import fovi_layout_empty, linear_rows, y_from_rows
 from fovi_ref.meta import Derived, KNNMeta
 
-__all__ = ["FEW_SAMPLES", "GeneralOps", "SegmentSumPlan", "block_channels",
-           "build_segment_sum_plan", "derive", "over_nodes", "segment_sum", "segment_sum_entries",
+__all__ = ["CELLS_AT_MOST", "FEW_SAMPLES", "GeneralOps", "SegmentSumPlan", "block_channels",
+           "build_segment_sum_plan", "cell_blocks", "cell_slices", "cells_estimate", "derive",
+           "over_cells", "over_nodes", "segment_sum", "segment_sum_entries",
            "segment_sum_naive"]  # fmt: skip
 
 NAME = "general"
@@ -222,12 +251,32 @@ def derive(meta: KNNMeta) -> Derived:
         **build_segment_sum_plan(cells, inputs, meta.v * meta.n_out).as_derived("forward_nodes"),
         **build_segment_sum_plan(inputs, cells, meta.n_in).as_derived("backward_nodes"),
     }
+    plans |= _cell_plans(meta, cells, inputs)
     cb = block_channels(meta)
     if cb < meta.in_channels:  # the first cb channels' entries plan every block
         first = cb * per_channel
         block = build_segment_sum_plan(x_row[:first], z_row[:first], cb * meta.n_in)
         plans |= block.as_derived("backward_block")
     return plans
+
+
+def _cell_plans(meta: KNNMeta, cells: torch.Tensor, inputs: torch.Tensor) -> Derived:
+    """The plans of the GEMMs per occupied cell, from one channel's entries ``(cells, inputs)``
+    (cell row ``v*Nout + n``, input ``i``): the ``T`` occupied pairs are the distinct cell rows,
+    sorted (cell-major). ``cells_forward``: node rows of ``x`` -> pair rows; ``cells_backward``:
+    the other way; ``cells_output``: pair rows -> ``y``'s node rows (a node adds its cells in
+    increasing ``v``); ``cells.node [T]``, each pair's node, and ``cells.node{v}``, cell ``v``'s."""
+    pairs = torch.unique(cells)  # [T], sorted
+    pair = torch.searchsorted(pairs, cells)  # [E] each entry's pair, the entries' order kept
+    cell, node = pairs // meta.n_out, pairs % meta.n_out  # [T], [T]
+    t = torch.arange(pairs.numel(), device=cells.device)
+    return {
+        **build_segment_sum_plan(pair, inputs, pairs.numel()).as_derived("cells_forward"),
+        **build_segment_sum_plan(inputs, pair, meta.n_in).as_derived("cells_backward"),
+        **build_segment_sum_plan(node, t, meta.n_out).as_derived("cells_output"),
+        "cells.node": node,
+        **{f"cells.node{v}": node[cell == v] for v in range(meta.v)},
+    }
 
 
 def _binned(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
@@ -241,14 +290,25 @@ def _binned(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
     return z_rows.view(meta.in_channels * meta.v, -1)  # [Cin*V, Nout*B]
 
 
+def _node_rows(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
+    """``x [B, Cin, Nin]`` as node rows ``[Nin, B*Cin]`` (widened to float32 from 16 bits), one
+    copy: each sample's runs of ``Cin`` values, as fovi's layout stores them."""
+    acc = _accumulation_dtype(x.dtype)
+    x_nodes = x.new_empty(meta.n_in, x.shape[0], meta.in_channels, dtype=acc)
+    return x_nodes.copy_(x.permute(2, 0, 1)).view(meta.n_in, -1)  # [Nin, B, Cin] -> [Nin, B*Cin]
+
+
+def _transposed_back(rows: torch.Tensor, batch: int, c_in: int) -> torch.Tensor:
+    """Node rows ``[N, B*Cin]`` -> ``[B, Cin, N]``, contiguous (one permuting copy)."""
+    return rows.view(rows.shape[0], batch, c_in).permute(1, 2, 0).contiguous()
+
+
 def _binned_nodes(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
     """Step 1 over node rows (few samples): ``z_rows [B*Nout, Cin*V]`` from ``x [B, Cin, Nin]``,
     row ``b*Nout + n``, column ``c*V + v``: the GEMM's operand, contiguous."""
     plan = SegmentSumPlan.from_derived(meta.derived(NAME, derive), "forward_nodes")
     batch, c_in, v, n_out = x.shape[0], meta.in_channels, meta.v, meta.n_out
-    x_nodes = x.new_empty(meta.n_in, batch, c_in, dtype=_accumulation_dtype(x.dtype))
-    x_nodes.copy_(x.permute(2, 0, 1))  # [Nin, B, Cin]: runs of Cin in fovi's layout
-    z_nodes = segment_sum(x_nodes.view(meta.n_in, -1), plan)  # [V*Nout, B*Cin]
+    z_nodes = segment_sum(_node_rows(meta, x), plan)  # [V*Nout, B*Cin]
     z_rows = z_nodes.new_empty(batch, n_out, c_in, v)  # [B, Nout, Cin, V]
     z_rows.copy_(z_nodes.view(v, n_out, batch, c_in).permute(2, 1, 3, 0))
     return z_rows.view(batch * n_out, c_in * v)
@@ -264,7 +324,7 @@ def _grad_input_over_nodes(meta: KNNMeta, grad_y_cols: torch.Tensor, weight: tor
     grad_z_nodes = grad_z.new_empty(v, n_out, batch, c_in)  # [V, Nout, B, Cin]
     grad_z_nodes.copy_(grad_z.view(batch, n_out, c_in, v).permute(3, 1, 0, 2))
     grad_x_nodes = segment_sum(grad_z_nodes.view(v * n_out, -1), plan)  # [Nin, B*Cin]
-    return grad_x_nodes.view(meta.n_in, batch, c_in).permute(1, 2, 0).contiguous()
+    return _transposed_back(grad_x_nodes, batch, meta.in_channels)
 
 
 def _cell_rows(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
@@ -295,8 +355,124 @@ def _weight_t_times(weight: torch.Tensor, grad_y_cols: torch.Tensor) -> torch.Te
     return weight.t() @ grad_y_cols
 
 
+# ------------------------------------------------------------------------- occupied cells
+PAIR_COST = 40.0  # fitted (module docstring, "Occupied cells"): a pair's moves, per input channel
+WEIGHT_COST = 20.0  # fitted: the weight's two permuting copies, per GEMM row (b, n)
+CELLS_AT_MOST = 0.9  # the estimate below which the GEMMs run per cell (fit error: about 0.1)
+
+
+def cells_estimate(meta: KNNMeta, batch: int) -> float:
+    """The estimated time of the per-cell GEMM stage / the dense one, for ``batch`` samples::
+
+        occupied * (1 + PAIR_COST / Cin) + WEIGHT_COST / (B * Nout)
+
+    ``occupied = T / (Nout*V)``, the share of ``(node, cell)`` pairs a real neighbour falls in:
+    the share of the dense GEMMs' products that the per-cell GEMMs still run."""
+    pairs = meta.derived(NAME, derive)["cells.node"].shape[0]  # T
+    occupied = pairs / max(1, meta.n_out * meta.v)
+    return occupied * (1 + PAIR_COST / meta.in_channels) + WEIGHT_COST / max(1, batch * meta.n_out)
+
+
+def over_cells(meta: KNNMeta, batch: int) -> bool:
+    """True when a batch of ``batch`` samples runs its GEMMs per occupied cell (few occupied
+    cells and enough rows to pay for the weight's copies: :func:`cells_estimate`). Never for an
+    empty batch or a graph without a real neighbour (no pair to run)."""
+    if batch == 0 or meta.derived(NAME, derive)["cells.node"].shape[0] == 0:
+        return False
+    return cells_estimate(meta, batch) <= CELLS_AT_MOST
+
+
+def cell_blocks(meta: KNNMeta) -> list[int]:
+    """How many occupied pairs each cell holds, ``[T_0, ..., T_{V-1}]`` (shapes: no device sync)."""
+    derived = meta.derived(NAME, derive)
+    return [derived[f"cells.node{v}"].shape[0] for v in range(meta.v)]
+
+
+def cell_slices(meta: KNNMeta, batch: int) -> list[tuple[int, slice]]:
+    """``(v, rows)`` for every occupied cell: its block of pair rows (``t*B + b``) in cell-major
+    ``[T*B, ...]`` storage."""
+    slices, start = [], 0
+    for v, count in enumerate(cell_blocks(meta)):
+        if count:
+            slices.append((v, slice(start * batch, (start + count) * batch)))
+        start += count
+    return slices
+
+
+def _cell_weights(weight: torch.Tensor, v: int, dtype: torch.dtype) -> torch.Tensor:
+    """``weight [Cout, Cin*V]`` (column ``c*V + v``) -> ``[V, Cout, Cin]``, one copy: every cell's
+    weights a contiguous matrix, as BLAS needs them."""
+    c_out = weight.shape[0]
+    cells = weight.new_empty(v, c_out, weight.shape[1] // v, dtype=dtype)
+    return cells.copy_(weight.view(c_out, -1, v).permute(2, 0, 1))
+
+
+def _pair_features(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
+    """Step 1 over occupied pairs: ``z_pairs [T*B, Cin]``, row ``t*B + b``, from ``x [B, Cin,
+    Nin]``; the pairs are cell-major, so cell ``v``'s rows are one contiguous block."""
+    plan = SegmentSumPlan.from_derived(meta.derived(NAME, derive), "cells_forward")
+    return segment_sum(_node_rows(meta, x), plan).view(-1, meta.in_channels)  # [T*B, Cin]
+
+
+def _pair_grad_y(meta: KNNMeta, grad_y: torch.Tensor) -> torch.Tensor:
+    """``grad_y [B, Cout, Nout]`` -> ``[Cout, T*B]``, column ``t*B + b`` holding ``grad_y[b, :,
+    node(t)]``: one gather of runs of ``B`` values in the ``[Cout, Nout, B]`` storage that
+    :meth:`GeneralOps.grad_y_layout` leaves beyond few samples (any layout works)."""
+    node = meta.derived(NAME, derive)["cells.node"]  # [T]
+    return grad_y.permute(1, 2, 0).index_select(1, node).view(grad_y.shape[1], -1)
+
+
+def _forward_over_cells(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
+                        bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """``(y, z_pairs)``: per cell ``v``, ``u = z_pairs[block v] @ weight_v^T`` (``[T_v*B,
+    Cout]``), then ``y[b, :, n] = bias + sum over n's occupied cells of u`` (a segment sum)."""
+    batch, c_out = x.shape[0], weight.shape[0]
+    z_pairs = _pair_features(meta, x)  # [T*B, Cin]
+    weights = _cell_weights(weight, meta.v, z_pairs.dtype)  # [V, Cout, Cin]
+    u = z_pairs.new_empty(z_pairs.shape[0], c_out)  # [T*B, Cout]
+    for v, rows in cell_slices(meta, batch):
+        torch.mm(z_pairs[rows], weights[v].t(), out=u[rows])
+    plan = SegmentSumPlan.from_derived(meta.derived(NAME, derive), "cells_output")
+    y_nodes = segment_sum(u.view(-1, batch * c_out), plan)  # [Nout, B*Cout]
+    y_nodes = y_nodes.view(meta.n_out, batch, c_out).transpose(0, 1)  # [B, Nout, Cout], a view
+    y = fovi_layout_empty(batch, c_out, meta.n_out, x)  # [B, Cout, Nout], storage [B, Nout, Cout]
+    if bias is None:
+        y.transpose(1, 2).copy_(y_nodes)
+    else:  # one pass: the bias added (and 16 bits rounded, once) on the way into y's storage
+        torch.add(y_nodes, bias.to(y_nodes.dtype), out=y.transpose(1, 2))
+    return y, z_pairs
+
+
+def _grad_input_over_cells(meta: KNNMeta, grad_y: torch.Tensor,
+                           weight: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """``grad_x [B, Cin, Nin]``: per cell, ``grad_z_pairs[block v] = grad_y_pairs[block v]^T @
+    weight_v``, then the forward's segment sum transposed, pairs -> inputs."""
+    batch = grad_y.shape[0]
+    g_pairs = _pair_grad_y(meta, grad_y)  # [Cout, T*B]
+    weights = _cell_weights(weight, meta.v, weight.dtype)  # [V, Cout, Cin]
+    grad_z = g_pairs.new_empty(g_pairs.shape[1], meta.in_channels)  # [T*B, Cin]
+    for v, rows in cell_slices(meta, batch):
+        torch.mm(g_pairs[:, rows].t(), weights[v], out=grad_z[rows])
+    plan = SegmentSumPlan.from_derived(meta.derived(NAME, derive), "cells_backward")
+    grad_x_nodes = segment_sum(grad_z.view(-1, batch * meta.in_channels), plan)  # [Nin, B*Cin]
+    return _transposed_back(grad_x_nodes, batch, meta.in_channels)
+
+
+def _grad_weight_over_cells(meta: KNNMeta, grad_y: torch.Tensor,
+                            z_pairs: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """``grad_weight [Cout, Cin*V]``: per cell, ``grad_y_pairs[block v] @ z_pairs[block v]``
+    (``[Cout, Cin]``, zero for a cell nobody occupies), put back in column order ``c*V + v``."""
+    batch = grad_y.shape[0]
+    g_pairs = _pair_grad_y(meta, grad_y.to(z_pairs.dtype))  # [Cout, T*B]
+    per_cell = z_pairs.new_zeros(meta.v, g_pairs.shape[0], meta.in_channels)  # [V, Cout, Cin]
+    for v, rows in cell_slices(meta, batch):  # an empty cell's block stays zero
+        torch.mm(g_pairs[:, rows], z_pairs[rows], out=per_cell[v])
+    return per_cell.permute(1, 2, 0).reshape(g_pairs.shape[0], -1).to(grad_y.dtype)
+
+
 class GeneralOps:
-    """Ops-registry backend for every graph: row segment sums + one GEMM."""
+    """Ops-registry backend for every graph: row segment sums + one GEMM (or one per occupied
+    cell, where :func:`over_cells` holds)."""
 
     name = NAME
     derive = staticmethod(derive)
@@ -324,6 +500,8 @@ class GeneralOps:
         read, kept for the weight gradient instead of ``x`` (as large as what fovi's ``F.linear``
         keeps), which spares the backward a second binning."""
         batch, c_out = x.shape[0], weight.shape[0]
+        if over_cells(meta, batch):  # operand z_pairs [T*B, Cin]
+            return _forward_over_cells(meta, x, weight, bias)
         if over_nodes(batch):  # rows (b, n): the GEMM writes y's storage
             z_rows = _binned_nodes(meta, x)  # [B*Nout, Cin*V]
             y_rows = linear_rows(z_rows, weight, bias).to(x.dtype)  # 16 bits: rounded once
@@ -341,6 +519,8 @@ class GeneralOps:
     @staticmethod
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]``; padding gets nothing."""
+        if over_cells(meta, grad_y.shape[0]):
+            return _grad_input_over_cells(meta, grad_y, weight)
         batch, grad_y_cols = grad_y.shape[0], _grad_y_columns(grad_y)  # [Cout, Nout*B]
         derived, cb, v, n_in = meta.derived(NAME, derive), block_channels(meta), meta.v, meta.n_in
         if over_nodes(batch):
@@ -365,12 +545,16 @@ class GeneralOps:
     @staticmethod
     def grad_weight(meta: KNNMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, ``x [B, Cin, Nin]`` -> ``grad_weight [Cout, Cin*V]``."""
-        return GeneralOps.grad_weight_of_operand(meta, grad_y, _cell_rows(meta, x))
+        operand = _pair_features(meta, x) if over_cells(meta, x.shape[0]) else _cell_rows(meta, x)
+        return GeneralOps.grad_weight_of_operand(meta, grad_y, operand)
 
     @staticmethod
     def grad_weight_of_operand(meta: KNNMeta, grad_y: torch.Tensor,
                                z_rows: torch.Tensor) -> torch.Tensor:  # fmt: skip
         """``grad_y [B, Cout, Nout]``, the binned ``z_rows [Nout*B, Cin*V]`` (float32 for 16-bit
         inputs; rows as :func:`_cell_rows` orders them) -> ``grad_weight [Cout, Cin*V]``: ONE GEMM
-        ``[Cout, Nout*B] @ [Nout*B, Cin*V]``."""
+        ``[Cout, Nout*B] @ [Nout*B, Cin*V]``; or, over occupied cells, ``z_pairs [T*B, Cin]``
+        and one GEMM per cell."""
+        if over_cells(meta, grad_y.shape[0]):
+            return _grad_weight_over_cells(meta, grad_y, z_rows)
         return (_grad_y_columns(grad_y).to(z_rows.dtype) @ z_rows).to(grad_y.dtype)

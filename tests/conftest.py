@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-from fovi_ref import KNNMeta
+from fovi_ref import KNNMeta, knn_general
 
 # Hypothesis profiles for tests/test_properties.py: by default a few derandomized examples per
 # test (fast, the same every run); HYPOTHESIS_PROFILE=long (make properties): many random ones.
@@ -32,6 +33,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def force_cells(monkeypatch, on: bool) -> None:
+    """Make general run its GEMMs per occupied cell (``on``) or dense, whatever its estimate
+    (``knn_general.cells_estimate``) would choose, so that both paths are judged on any graph."""
+    monkeypatch.setattr(knn_general, "CELLS_AT_MOST", math.inf if on else -math.inf)
 
 
 # Every backend adds the bias inside its GEMM (fovi_ref.layout; einsum_baseline hands F.linear

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICES, LOW_PRECISION, random_meta, sample_inputs
+from conftest import DEVICES, LOW_PRECISION, force_cells, random_meta, sample_inputs
 
 from fovi_ref import KNNMeta, knn_conv, knn_general
 from fovi_ref.check.operands import forward_and_grads
@@ -17,6 +17,7 @@ from fovi_ref.knn_general import (
     HUB,
     SegmentSumPlan,
     block_channels,
+    cell_blocks,
     over_nodes,
     segment_sum,
     segment_sum_entries,
@@ -27,8 +28,13 @@ from fovi_ref.knn_general import derive as general_derive
 KS = [1, 2, 4, 9, 49]
 VS = [1, 4, 9, 49]
 GRAPHS = [(k, v) for k in KS for v in VS]
-# general sums over node rows up to FEW_SAMPLES samples, over channel rows beyond: both are judged.
-BATCHES = pytest.mark.parametrize("batch", [2, FEW_SAMPLES + 3], ids=["node rows", "channel rows"])
+# general sums over node rows up to FEW_SAMPLES samples, over channel rows beyond, and runs its
+# GEMMs dense or per occupied cell (forced either way here): all four are judged.
+BATCHES = pytest.mark.parametrize(
+    "batch,cells",
+    [(2, False), (FEW_SAMPLES + 3, False), (2, True), (FEW_SAMPLES + 3, True)],
+    ids=["node rows", "channel rows", "cells, few samples", "cells"],
+)
 
 
 def test_the_batches_take_both_layouts():
@@ -38,7 +44,8 @@ def test_the_batches_take_both_layouts():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k,v", GRAPHS)
 @BATCHES
-def test_float64_matches_oracle(k, v, batch, device):
+def test_float64_matches_oracle(k, v, batch, cells, device, monkeypatch):
+    force_cells(monkeypatch, cells)
     meta = random_meta(k, v, seed=k * 100 + v, device=device)
     x, w, b = sample_inputs(meta, batch=batch)
     grad_y = torch.randn(batch, 4, meta.n_out, dtype=torch.float64, device=device)
@@ -54,9 +61,10 @@ def test_float64_matches_oracle(k, v, batch, device):
 @pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
 @pytest.mark.parametrize("k,v", [(1, 1), (2, 4), (9, 9), (49, 49)])
 @BATCHES
-def test_low_precision_within_error_bound(k, v, batch, dtype, device):
+def test_low_precision_within_error_bound(k, v, batch, cells, dtype, device, monkeypatch):
     """Every element of every result in float32/16/bf16 stays within its bound (the rule of
     fovi_ref.check.tolerances); einsum_baseline's worst ratio rides along in the message."""
+    force_cells(monkeypatch, cells)
     meta = random_meta(k, v, n_in=60, n_out=40, in_channels=16, seed=7, device=device)
     x, w, b = sample_inputs(meta, out_channels=32, batch=batch, dtype=dtype)
     grad_y = torch.randn(batch, 32, meta.n_out, device=device).to(dtype)
@@ -74,7 +82,8 @@ def test_low_precision_within_error_bound(k, v, batch, dtype, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k,v", [(1, 1), (2, 4), (9, 9), (4, 1)])
 @BATCHES
-def test_gradcheck(k, v, batch, device):
+def test_gradcheck(k, v, batch, cells, device, monkeypatch):
+    force_cells(monkeypatch, cells)
     meta = random_meta(k, v, n_in=12, n_out=8, in_channels=2, seed=3, device=device)
     x, w, b = sample_inputs(meta, out_channels=3, batch=batch)
     for backend in backends_for(meta):
@@ -232,6 +241,61 @@ def test_node_rows_sum_like_channel_rows_bit_for_bit(direction, device):
     assert torch.equal(as_channels, channel_sums)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_pair_features_are_the_occupied_node_row_sums_bit_for_bit(device):
+    """Over occupied cells, the forward sums land each (node, cell) pair in its own row: the
+    rows the node plan writes for the occupied pairs, bit for bit (same terms, same order, the
+    hub tree of this graph's backward included), and nothing for the empty ones."""
+    meta = random_meta(9, 9, n_in=25, n_out=4 * HUB, in_channels=3, seed=5, device=device)
+    derived, batch = general_derive(meta), 2
+    nodes = order_sensitive_rows(meta.n_in, batch * meta.in_channels, device)  # [Nin, B*Cin]
+    z_nodes = segment_sum(nodes, SegmentSumPlan.from_derived(derived, "forward_nodes"))
+    z_pairs = segment_sum(nodes, SegmentSumPlan.from_derived(derived, "cells_forward"))
+    cells, _ = segment_sum_entries(meta)
+    occupied = torch.unique(cells[: cells.numel() // meta.in_channels])  # rows v*Nout + n
+    assert occupied.numel() < meta.v * meta.n_out  # the graph has empty cells
+    assert torch.equal(z_pairs, z_nodes[occupied])
+    assert sum(cell_blocks(meta)) == occupied.numel()
+    empty = torch.ones(meta.v * meta.n_out, dtype=torch.bool, device=device)
+    empty[occupied] = False
+    assert not z_nodes[empty].any()  # what the per-cell GEMMs skip is zero
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_cell_nobody_occupies_gets_an_exactly_zero_weight_gradient(device, monkeypatch):
+    """Cell 2 of 4 is empty at every node: over cells its block is never multiplied, and its
+    weight columns (c*V + 2) get exact zeros, as the dense GEMM's zero features give them."""
+    force_cells(monkeypatch, True)
+    meta = random_meta(4, 4, seed=2, device=device)
+    rf_index = meta.rf_index.clone()
+    rf_index[rf_index == 2] = 3
+    meta = KNNMeta.from_knn(meta.knn, rf_index, n_in=meta.n_in, in_channels=meta.in_channels, v=4)
+    assert cell_blocks(meta)[2] == 0 and knn_general.over_cells(meta, 3)
+    x, w, b = sample_inputs(meta, batch=3)
+    grad_y = torch.randn(3, 4, meta.n_out, dtype=torch.float64, device=device)
+    got = forward_and_grads(x, w, b, meta, grad_y, "general")
+    expected = expected_quantities(x, w, b, meta, grad_y)
+    for what, g in zip(QUANTITIES, got, strict=True):
+        assert judge_elementwise(g, expected[what]).ok, what
+    assert torch.equal(got[2][:, 2::4], torch.zeros_like(got[2][:, 2::4]))
+
+
+def test_general_runs_per_cell_where_its_estimate_says_it_pays():
+    """The choice is a function of the graph and the batch alone (so are the results): on res18,
+    per cell for layer3/layer4 at large batches, where most products are of empty cells' zeros;
+    dense for layer1 (many pairs per node, few channels) and at few samples everywhere."""
+    from fovi_ref.geometry import get_layer
+
+    def runs_per_cell(name, batch):
+        return knn_general.over_cells(get_layer(name).meta, batch)
+
+    assert runs_per_cell("layer3.0.conv2", 16) and runs_per_cell("layer4.0.conv2", 64)
+    assert not runs_per_cell("layer4.0.conv2", 16)  # the weight's copies outweigh the savings
+    assert not any(runs_per_cell("layer1.0.conv1", batch) for batch in (1, 16, 256))
+    assert not any(runs_per_cell(name, FEW_SAMPLES) for name in ("layer3.0.conv2", "conv1"))
+    assert not runs_per_cell("layer3.0.conv2", 0)
+
+
 def small_blocks(monkeypatch, rows: int) -> None:
     """Make general's input gradient run in channel blocks of at most ``rows`` grad_z rows, at
     every batch (the real sizes block only large ``grad_z``: res18's layer1 at batch 64)."""
@@ -280,7 +344,9 @@ def test_channel_blocked_input_gradient_matches_oracle(k, v, in_channels, device
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k,v", [(1, 1), (9, 9), (4, 1)])
-def test_batch_sizes_zero_and_one(k, v, device):
+@pytest.mark.parametrize("cells", [False, True], ids=["dense", "cells"])
+def test_batch_sizes_zero_and_one(k, v, cells, device, monkeypatch):
+    force_cells(monkeypatch, cells)
     meta = random_meta(k, v, device=device)
     for batch in (0, 1):
         x, w, b = sample_inputs(meta, batch=batch)
@@ -307,9 +373,11 @@ def _x_in_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k,v", [(1, 1), (9, 9)])
 @pytest.mark.parametrize("layout", ["node-major", "batch-minor", "strided nodes"])
-def test_non_contiguous_operands(k, v, layout, device):
+@pytest.mark.parametrize("cells", [False, True], ids=["dense", "cells"])
+def test_non_contiguous_operands(k, v, layout, cells, device, monkeypatch):
     """x in other layouts, a transposed weight and grad_y give the same results as contiguous
     ones."""
+    force_cells(monkeypatch, cells)
     meta = random_meta(k, v, device=device)
     x, w, b = sample_inputs(meta, batch=3)
     grad_y = torch.randn(3, 4, meta.n_out, dtype=torch.float64, device=device)

@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import random_meta
+from conftest import force_cells, random_meta
 from torch import nn
 
 from fovi_ref import KNNConv, available_ops, get_ops, route
@@ -259,8 +259,11 @@ def _thread_case(backend: str, dtype: torch.dtype, batch: int):
     return (meta, *sample_operands(meta, 64, batch=batch, dtype=dtype))
 
 
-# general sums over node rows at batch 2 and over channel rows at batch 16 (knn_general).
-THREAD_BATCHES = pytest.mark.parametrize("batch", [2, 16])
+# general sums over node rows at batch 2 and over channel rows at batch 16 (knn_general), and
+# runs its GEMMs dense or (forced here) per occupied cell.
+THREAD_BATCHES = pytest.mark.parametrize(
+    "batch,cells", [(2, False), (16, False), (16, True)], ids=["2", "16", "16 cells"]
+)
 
 
 def _run_with_threads(n: int, backend: str, meta, x, w, b, grad_y) -> tuple[torch.Tensor, ...]:
@@ -275,8 +278,9 @@ def _run_with_threads(n: int, backend: str, meta, x, w, b, grad_y) -> tuple[torc
 @pytest.mark.parametrize("backend", available_ops())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @THREAD_BATCHES
-def test_results_repeat_bitwise_at_a_fixed_thread_count(backend, dtype, batch):
+def test_results_repeat_bitwise_at_a_fixed_thread_count(backend, dtype, batch, cells, monkeypatch):
     """The README promises bitwise repeatable results run to run at a fixed thread count."""
+    force_cells(monkeypatch, cells)
     case = _thread_case(backend, dtype, batch)
     for n in (1, 2):
         assert_all_equal(_run_with_threads(n, backend, *case), _run_with_threads(n, backend, *case))
@@ -285,9 +289,12 @@ def test_results_repeat_bitwise_at_a_fixed_thread_count(backend, dtype, batch):
 @pytest.mark.parametrize("backend", available_ops())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @THREAD_BATCHES
-def test_results_under_another_thread_count_stay_within_the_rule(backend, dtype, batch):
+def test_results_under_another_thread_count_stay_within_the_rule(
+    backend, dtype, batch, cells, monkeypatch
+):
     """1 and 2 threads may round differently (MKL blocks its GEMMs by thread count, on some
     machines even gather_gemm's): both runs pass the elementwise tolerance rule."""
+    force_cells(monkeypatch, cells)
     meta, x, w, b, grad_y = case = _thread_case(backend, dtype, batch)
     expected = expected_quantities(x, w, b, meta, grad_y)
     for n in (1, 2):
