@@ -71,18 +71,28 @@ destination)::
 with ``grad_y_pairs [T*B, Cout]`` gathered per pair. That is ``T / (Nout*V)`` of the products,
 paid for with one permuting copy of the weight in each of the forward and the backward, and
 traffic per pair (``u``, its sum, ``grad_y``'s gather) that the dense path does not have.
-:func:`cells_estimate` models the ratio of the two GEMM stages,
+:func:`cells_estimate` models the time of the per-cell path over the dense one,
 
     occupied * (1 + PAIR_COST / Cin) + WEIGHT_COST / (B * Nout),
 
-with both constants fitted to a prototype of the two stages on res18's K > 1 graphs at batch 16
-and 64 on a 2-core CPU (its predictions fell within about 0.1 of the measured ratios, 0.56 to
-1.29), and the GEMMs run per cell where it is at most :data:`CELLS_AT_MOST`. The choice is a pure
-function of the graph and the batch, so the result is too. Measured there, whole forward +
-backward per cell / dense where it is chosen: layer4.0.conv2 0.64 (batch 64) to 0.48 (256),
-layer3.0.conv2 0.88 (16) to 0.72 (256), layer4.0.conv1 0.92 (64) to 0.76 (256), layer3.0.conv1
-0.94 (64) to 0.96 (256). Where it is not: layer3.0.conv1 at batch 16 1.10, layer2.0.conv2 at
-batch 256 1.48 (estimate 0.93), layer1 1.1 to 1.25; batch 4 and below 1.2 to 2.2.
+the products kept, plus the pair traffic per product, plus the weight's copies per product. The
+constants were fitted to forward + backward of both paths, timed side by side on res18's K > 1
+graphs at batch 8 to 256 on a 2-core CPU, where the estimate fell within about 0.1 of the measured
+ratio. The GEMMs run per cell where it is at most :data:`CELLS_AT_MOST` (and the pair features
+fit in :data:`WHOLE_BYTES`: :func:`over_cells`). The choice is a pure function of the graph and
+the batch, and so is the result. Measured there, per cell / dense, where it is chosen:
+
+======================  ============================================
+layer4.0.conv2          0.87 (batch 32), 0.66 (64), 0.48 (256)
+layer3.0.conv2          0.91 (16), 0.78 (64), 0.83 (256)
+layer3.0.conv1          0.90 (64), 0.95 (256)
+layer4.0.conv1          0.81 (128), 0.75 (256)
+layer2.0.conv2          0.88 (16), 0.90 (64)
+======================  ============================================
+
+and where it is not: layer3.0.conv2 at batch 8 1.03, layer3.0.conv1 at 16 1.00, layer4.0.conv1
+at 16 1.29 (at 64, 0.89: a miss of the estimate, 0.92), layer2.0.conv1 1.04 to 1.08, layer1 at
+64 1.26, and 1.2 to 2.2 at batch 4 and below, where the weight's copies outweigh the products.
 """
 
 from __future__ import annotations
@@ -264,16 +274,14 @@ def _cell_plans(meta: KNNMeta, cells: torch.Tensor, inputs: torch.Tensor) -> Der
     """The plans of the GEMMs per occupied cell, from one channel's entries ``(cells, inputs)``
     (cell row ``v*Nout + n``, input ``i``): the ``T`` occupied pairs are the distinct cell rows,
     sorted (cell-major). ``cells_forward``: node rows of ``x`` -> pair rows; ``cells_backward``:
-    the other way; ``cells_output``: pair rows -> ``y``'s node rows (a node adds its cells in
-    increasing ``v``); ``cells.node [T]``, each pair's node, and ``cells.node{v}``, cell ``v``'s."""
+    the other way; ``cells.node [T]``, each pair's node, and ``cells.node{v}``, cell ``v``'s
+    (distinct: a node holds a cell once)."""
     pairs = torch.unique(cells)  # [T], sorted
     pair = torch.searchsorted(pairs, cells)  # [E] each entry's pair, the entries' order kept
     cell, node = pairs // meta.n_out, pairs % meta.n_out  # [T], [T]
-    t = torch.arange(pairs.numel(), device=cells.device)
     return {
         **build_segment_sum_plan(pair, inputs, pairs.numel()).as_derived("cells_forward"),
         **build_segment_sum_plan(inputs, pair, meta.n_in).as_derived("cells_backward"),
-        **build_segment_sum_plan(node, t, meta.n_out).as_derived("cells_output"),
         "cells.node": node,
         **{f"cells.node{v}": node[cell == v] for v in range(meta.v)},
     }
@@ -356,8 +364,8 @@ def _weight_t_times(weight: torch.Tensor, grad_y_cols: torch.Tensor) -> torch.Te
 
 
 # ------------------------------------------------------------------------- occupied cells
-PAIR_COST = 40.0  # fitted (module docstring, "Occupied cells"): a pair's moves, per input channel
-WEIGHT_COST = 20.0  # fitted: the weight's two permuting copies, per GEMM row (b, n)
+PAIR_COST = 30.0  # fitted (module docstring, "Occupied cells"): a pair's moves, per input channel
+WEIGHT_COST = 30.0  # fitted: the weight's permuting copies, per GEMM row (b, n)
 CELLS_AT_MOST = 0.9  # the estimate below which the GEMMs run per cell (fit error: about 0.1)
 
 
@@ -374,10 +382,13 @@ def cells_estimate(meta: KNNMeta, batch: int) -> float:
 
 
 def over_cells(meta: KNNMeta, batch: int) -> bool:
-    """True when a batch of ``batch`` samples runs its GEMMs per occupied cell (few occupied
-    cells and enough rows to pay for the weight's copies: :func:`cells_estimate`). Never for an
-    empty batch or a graph without a real neighbour (no pair to run)."""
-    if batch == 0 or meta.derived(NAME, derive)["cells.node"].shape[0] == 0:
+    """True when a batch of ``batch`` samples runs its GEMMs per occupied cell: few occupied
+    cells and enough rows to pay for the weight's copies (:func:`cells_estimate`), and pair
+    features ``[T*B, Cin]`` (float32) of at most :data:`WHOLE_BYTES`, beyond which every call maps
+    them fresh (layer2.0.conv2 at batch 256, 69 MB: 1.5 times the dense time). Never for an empty
+    batch or a graph without a real neighbour (no pair to run)."""
+    pairs = meta.derived(NAME, derive)["cells.node"].shape[0]  # T
+    if batch == 0 or pairs == 0 or pairs * batch * meta.in_channels * 4 > WHOLE_BYTES:
         return False
     return cells_estimate(meta, batch) <= CELLS_AT_MOST
 
@@ -388,13 +399,14 @@ def cell_blocks(meta: KNNMeta) -> list[int]:
     return [derived[f"cells.node{v}"].shape[0] for v in range(meta.v)]
 
 
-def cell_slices(meta: KNNMeta, batch: int) -> list[tuple[int, slice]]:
-    """``(v, rows)`` for every occupied cell: its block of pair rows (``t*B + b``) in cell-major
-    ``[T*B, ...]`` storage."""
-    slices, start = [], 0
+def cell_slices(meta: KNNMeta, batch: int) -> list[tuple[int, slice, torch.Tensor]]:
+    """``(v, rows, nodes)`` for every occupied cell: its block of pair rows (``t*B + b``) in
+    cell-major ``[T*B, ...]`` storage, and the nodes ``[T_v]`` of its pairs."""
+    derived, slices, start = meta.derived(NAME, derive), [], 0
     for v, count in enumerate(cell_blocks(meta)):
         if count:
-            slices.append((v, slice(start * batch, (start + count) * batch)))
+            rows = slice(start * batch, (start + count) * batch)
+            slices.append((v, rows, derived[f"cells.node{v}"]))
         start += count
     return slices
 
@@ -424,22 +436,24 @@ def _pair_grad_y(meta: KNNMeta, grad_y: torch.Tensor) -> torch.Tensor:
 
 def _forward_over_cells(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
                         bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:  # fmt: skip
-    """``(y, z_pairs)``: per cell ``v``, ``u = z_pairs[block v] @ weight_v^T`` (``[T_v*B,
-    Cout]``), then ``y[b, :, n] = bias + sum over n's occupied cells of u`` (a segment sum)."""
+    """``(y, z_pairs)``: ``y`` starts as the bias; then per cell ``v``, ``u = z_pairs[block v] @
+    weight_v^T`` (``[T_v*B, Cout]``) is added to the node rows of its pairs. A node holds a cell
+    once, so no row is added to twice in one ``index_add_`` (deterministic, atomics or not), and
+    every node adds its cells in increasing ``v``. (3 times faster than a segment sum over the
+    ``u`` of all cells, which would gather and write back every row once per round.)"""
     batch, c_out = x.shape[0], weight.shape[0]
     z_pairs = _pair_features(meta, x)  # [T*B, Cin]
     weights = _cell_weights(weight, meta.v, z_pairs.dtype)  # [V, Cout, Cin]
-    u = z_pairs.new_empty(z_pairs.shape[0], c_out)  # [T*B, Cout]
-    for v, rows in cell_slices(meta, batch):
-        torch.mm(z_pairs[rows], weights[v].t(), out=u[rows])
-    plan = SegmentSumPlan.from_derived(meta.derived(NAME, derive), "cells_output")
-    y_nodes = segment_sum(u.view(-1, batch * c_out), plan)  # [Nout, B*Cout]
-    y_nodes = y_nodes.view(meta.n_out, batch, c_out).transpose(0, 1)  # [B, Nout, Cout], a view
-    y = fovi_layout_empty(batch, c_out, meta.n_out, x)  # [B, Cout, Nout], storage [B, Nout, Cout]
+    y_nodes = z_pairs.new_empty(meta.n_out, batch, c_out)  # [Nout, B, Cout]
     if bias is None:
-        y.transpose(1, 2).copy_(y_nodes)
-    else:  # one pass: the bias added (and 16 bits rounded, once) on the way into y's storage
-        torch.add(y_nodes, bias.to(y_nodes.dtype), out=y.transpose(1, 2))
+        y_nodes.zero_()
+    else:
+        y_nodes.copy_(bias.to(y_nodes.dtype))
+    for v, rows, nodes in cell_slices(meta, batch):
+        u = z_pairs[rows] @ weights[v].t()  # [T_v*B, Cout]
+        y_nodes.view(meta.n_out, -1).index_add_(0, nodes, u.view(nodes.numel(), -1))
+    y = fovi_layout_empty(batch, c_out, meta.n_out, x)  # [B, Cout, Nout], storage [B, Nout, Cout]
+    y.transpose(1, 2).copy_(y_nodes.transpose(0, 1))  # 16 bits: rounded once, here
     return y, z_pairs
 
 
@@ -451,7 +465,7 @@ def _grad_input_over_cells(meta: KNNMeta, grad_y: torch.Tensor,
     g_pairs = _pair_grad_y(meta, grad_y)  # [Cout, T*B]
     weights = _cell_weights(weight, meta.v, weight.dtype)  # [V, Cout, Cin]
     grad_z = g_pairs.new_empty(g_pairs.shape[1], meta.in_channels)  # [T*B, Cin]
-    for v, rows in cell_slices(meta, batch):
+    for v, rows, _ in cell_slices(meta, batch):
         torch.mm(g_pairs[:, rows].t(), weights[v], out=grad_z[rows])
     plan = SegmentSumPlan.from_derived(meta.derived(NAME, derive), "cells_backward")
     grad_x_nodes = segment_sum(grad_z.view(-1, batch * meta.in_channels), plan)  # [Nin, B*Cin]
@@ -465,7 +479,7 @@ def _grad_weight_over_cells(meta: KNNMeta, grad_y: torch.Tensor,
     batch = grad_y.shape[0]
     g_pairs = _pair_grad_y(meta, grad_y.to(z_pairs.dtype))  # [Cout, T*B]
     per_cell = z_pairs.new_zeros(meta.v, g_pairs.shape[0], meta.in_channels)  # [V, Cout, Cin]
-    for v, rows in cell_slices(meta, batch):  # an empty cell's block stays zero
+    for v, rows, _ in cell_slices(meta, batch):  # an empty cell's block stays zero
         torch.mm(g_pairs[:, rows], z_pairs[rows], out=per_cell[v])
     return per_cell.permute(1, 2, 0).reshape(g_pairs.shape[0], -1).to(grad_y.dtype)
 

@@ -282,8 +282,9 @@ def test_a_cell_nobody_occupies_gets_an_exactly_zero_weight_gradient(device, mon
 
 def test_general_runs_per_cell_where_its_estimate_says_it_pays():
     """The choice is a function of the graph and the batch alone (so are the results): on res18,
-    per cell for layer3/layer4 at large batches, where most products are of empty cells' zeros;
-    dense for layer1 (many pairs per node, few channels) and at few samples everywhere."""
+    per cell for layer3/layer4 at large batches, where many products are of empty cells' zeros;
+    dense for layer1 (many pairs per node, few channels), at few samples everywhere, and where
+    the pair features outgrow WHOLE_BYTES."""
     from fovi_ref.geometry import get_layer
 
     def runs_per_cell(name, batch):
@@ -294,6 +295,7 @@ def test_general_runs_per_cell_where_its_estimate_says_it_pays():
     assert not any(runs_per_cell("layer1.0.conv1", batch) for batch in (1, 16, 256))
     assert not any(runs_per_cell(name, FEW_SAMPLES) for name in ("layer3.0.conv2", "conv1"))
     assert not runs_per_cell("layer3.0.conv2", 0)
+    assert runs_per_cell("layer2.0.conv2", 64) and not runs_per_cell("layer2.0.conv2", 256)  # 69 MB
 
 
 def small_blocks(monkeypatch, rows: int) -> None:
