@@ -11,6 +11,7 @@ from conftest import random_meta
 
 from fovi_ref import KNNMeta
 from fovi_ref.check import bench
+from fovi_ref.check.bench import contenders
 from fovi_ref.check.bench.budget import forced_grad_input_path
 from fovi_ref.check.bench.layers import empty_cell_share
 from fovi_ref.check.cli import main
@@ -181,6 +182,21 @@ def test_empty_cell_share_counts_cells_no_real_neighbour_falls_in():
     rf_index = torch.tensor([[0, 0], [1, 2]])  # [Nout, K]
     meta = KNNMeta.from_knn(knn, rf_index, n_in=3, in_channels=2, v=3)
     assert empty_cell_share(meta) == pytest.approx(4 / 6)
+
+
+def test_the_floor_per_cell_runs_exactly_the_occupied_products():
+    """The K > 1 floor's per-cell candidates (the products general runs over occupied cells):
+    the graph above occupies cells 0 and 1 at one node each, so each product is two GEMMs of B
+    rows (forward ``[B, Cout]``, input gradient ``[B, Cin]``) or two ``[Cout, Cin]`` blocks."""
+    knn = torch.tensor([[0, 2], [1, 3]])
+    rf_index = torch.tensor([[0, 0], [1, 2]])
+    meta = KNNMeta.from_knn(knn, rf_index, n_in=3, in_channels=2, v=3)
+    inputs = contenders.make_inputs(meta, out_channels=5, batch=4, dtype=torch.float32)
+    products = contenders._per_cell_products(inputs)
+    shapes = {name: [tuple(t.shape) for t in run()] for name, run in products.items()}
+    assert shapes == {"forward": [(4, 5)] * 2, "input gradient": [(4, 2)] * 2,
+                      "weight gradient": [(5, 2)] * 2}  # fmt: skip
+    assert len(contenders.gemm_floor(inputs, trials=1, cells=True)()) == 4  # 3 products, grad_x
 
 
 def test_readme_states_the_empty_cell_shares_the_bench_computes():

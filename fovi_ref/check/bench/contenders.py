@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fovi_ref import KNNMeta, get_ops
+from fovi_ref import KNNMeta, get_ops, knn_general
 from fovi_ref.check.bench.timing import time_contenders
 from fovi_ref.check.operands import forward_and_grads, sample_operands
 from fovi_ref.grid import square_grid_for
@@ -107,6 +107,24 @@ def fovi_einsum(inputs: Inputs) -> Contender:
     return through(inputs, lambda x, w, b: EinsumBaselineOps.forward(meta, x, w, b))
 
 
+def _per_cell_products(inputs: Inputs) -> dict[str, Callable[[], list[torch.Tensor]]]:
+    """The three products of ``general`` over occupied cells, each a loop of one GEMM per cell
+    on operands laid out beforehand: pair features ``[T*B, Cin]``, pair gradients ``[T*B,
+    Cout]`` (row ``t*B + b``, cell-major blocks) and per-cell weights ``[V, Cout, Cin]``."""
+    meta, like = inputs.meta, inputs.x
+    batch, c_out = inputs.grad_y.shape[:2]
+    blocks = knn_general.cell_slices(meta, batch)
+    rows = batch * sum(knn_general.cell_blocks(meta))  # T*B
+    z = torch.randn(rows, meta.in_channels, device=like.device).to(like.dtype)  # [T*B, Cin]
+    g = torch.randn(rows, c_out, device=like.device).to(like.dtype)  # [T*B, Cout]
+    w = torch.randn(meta.v, c_out, meta.in_channels, device=like.device).to(like.dtype)
+    return {
+        "forward": lambda: [z[r] @ w[v].t() for v, r, _ in blocks],
+        "input gradient": lambda: [g[r] @ w[v] for v, r, _ in blocks],
+        "weight gradient": lambda: [g[r].t() @ z[r] for v, r, _ in blocks],
+    }
+
+
 def conv2d_floor(inputs: Inputs) -> Contender:
     """``F.conv2d`` 1x1 stride 2 on the smallest square grid with >= ``Nout`` outputs (K = 1)."""
     meta = inputs.meta
@@ -127,14 +145,19 @@ def conv2d_floor(inputs: Inputs) -> Contender:
     return run
 
 
-def gemm_floor(inputs: Inputs, trials: int = 5) -> Contender:
+def gemm_floor(inputs: Inputs, trials: int = 5, *, cells: bool = False) -> Contender:
     """The three GEMMs of this layer's sizes plus zero-filling ``grad_x``, nothing else.
 
     A GEMM's speed depends on the orientation of its operands (on a 2-core CPU, MKL runs
     ``[Cin, B*Nout] = W^T G`` up to 1.7x slower than the same product written as
     ``[B*Nout, Cin] = G^T W``), and an implementation may pick any. So for each of the three
     products this times every orientation ``trials`` times when the contender is built and keeps
-    the fastest: the floor is the best any implementation running these GEMMs can do.
+    the fastest: the floor is the best any implementation running these GEMMs can do. With
+    ``cells`` (K > 1 graphs) the candidates include each product run per occupied cell, one GEMM
+    per cell over only the ``(node, cell)`` pairs a real neighbour falls in (as ``general`` runs
+    them where :func:`fovi_ref.knn_general.over_cells` holds), operands laid out beforehand: the
+    dense GEMMs multiply the empty cells' zeros too, so a cell-skipping implementation could
+    otherwise run below the floor.
     """
     meta, like = inputs.meta, inputs.x
     batch, c_out = inputs.grad_y.shape[:2]
@@ -147,14 +170,17 @@ def gemm_floor(inputs: Inputs, trials: int = 5) -> Contender:
     x_rows, g_rows = randn(rows, features), randn(rows, c_out)  # [B*Nout, F], [B*Nout, Cout]
     x_cols, g_cols = x_rows.t().contiguous(), g_rows.t().contiguous()  # [F, ...], [Cout, ...]
     orientations = {
-        "forward": (lambda: x_rows @ w.t(), lambda: w @ x_cols),
-        "input gradient": (lambda: g_rows @ w, lambda: g_cols.t() @ w, lambda: w.t() @ g_cols),
-        "weight gradient": (
+        "forward": [lambda: x_rows @ w.t(), lambda: w @ x_cols],
+        "input gradient": [lambda: g_rows @ w, lambda: g_cols.t() @ w, lambda: w.t() @ g_cols],
+        "weight gradient": [
             lambda: g_rows.t() @ x_rows,
             lambda: g_cols @ x_rows,
             lambda: g_cols @ x_cols.t(),
-        ),
+        ],
     }
+    if cells:
+        for product, per_cell in _per_cell_products(inputs).items():
+            orientations[product].append(per_cell)
     fastest = []
     for candidates in orientations.values():
         times = time_contenders(dict(enumerate(candidates)), repeats=trials, warmup=1)

@@ -10,7 +10,8 @@ absolute times do not.
   two floors (Conv2d 1x1 stride 2; the three GEMMs plus zero-filling the input gradient). A
   time / the GEMM floor below :data:`~fovi_ref.check.bench.timing.FLOOR_VALID` is measured
   again, and printed ``invalid`` if it stays there.
-- K > 1 layers: ``general`` against fovi's einsum, time and peak memory, with the GEMM floor.
+- K > 1 layers: ``general`` against fovi's einsum, time and peak memory, with the GEMM floor (each
+  product dense or per occupied cell, the faster) and the floor of dense GEMMs alone.
 
 :data:`fovi_ref.check.bench.targets.LAYERS` holds the targets and says which rows each holds; a
 ``!`` after a ratio marks a missed target, a ``?`` an unsure one (its IQR straddles the target),
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from fovi_ref import DTYPES, KNNMeta, route
+from fovi_ref import DTYPES, KNNMeta, knn_general, route
 from fovi_ref.check.bench import contenders, profile, targets, timing
 from fovi_ref.check.jobs import layer_names, progress, shared_graph_groups
 from fovi_ref.geometry import RES18_DOWNSAMPLES, get_layer
@@ -134,18 +135,16 @@ GENERAL_RATIOS = {
     "general / einsum time": ("general", "einsum (fovi)"),
     "gemm floor / einsum time": ("gemm floor", "einsum (fovi)"),
     "general / gemm floor": ("general", "gemm floor"),
+    "general / dense gemm floor": ("general", "dense gemm floor"),
 }
 """The timed ratios of a K > 1 row."""
 
 
 def empty_cell_share(meta: KNNMeta) -> float:
     """The share of ``(node, cell)`` pairs that no real neighbour falls in: zero columns of the
-    cell features ``[B*Nout, Cin*V]`` that every dense GEMM (the floor's included) multiplies."""
-    node = torch.arange(meta.n_out, device=meta.device).expand(meta.k, -1)  # [K, Nout]
-    real = ~meta.pad_mask  # [K, Nout]
-    occupied = torch.zeros(meta.n_out, meta.v, dtype=torch.bool, device=meta.device)
-    occupied[node[real], meta.rf_index.t()[real]] = True  # [Nout, V]
-    return 1.0 - float(occupied.float().mean())
+    cell features ``[B*Nout, Cin*V]`` that every dense GEMM multiplies."""
+    occupied = sum(knn_general.cell_blocks(meta))  # T pairs
+    return 1.0 - occupied / (meta.n_out * meta.v)
 
 
 def bench_general(args, device, dtype_name, names) -> list[dict]:
@@ -164,7 +163,11 @@ def bench_general(args, device, dtype_name, names) -> list[dict]:
             "einsum (fovi)": contenders.fovi_einsum(inputs),
         }
         measured = timing.measure(
-            {**timed, "gemm floor": contenders.gemm_floor(inputs)},
+            {
+                **timed,
+                "gemm floor": contenders.gemm_floor(inputs, cells=True),
+                "dense gemm floor": contenders.gemm_floor(inputs),  # the floor of dense GEMMs
+            },
             ratios=[
                 GENERAL_RATIOS["general / einsum time"],
                 GENERAL_RATIOS["general / gemm floor"],
@@ -179,6 +182,7 @@ def bench_general(args, device, dtype_name, names) -> list[dict]:
             "dtype": dtype_name,
             "K": layer.meta.k,
             "empty cells": empty_cell_share(layer.meta),
+            "over cells": knn_general.over_cells(layer.meta, batch),
             "ms": {k: 1e3 * v for k, v in measured.medians().items()},
             "MiB": {k: v / 2**20 for k, v in memory.items()},
             # Peak bytes are counted, not timed: no spread.
@@ -301,22 +305,26 @@ def print_general_table(rows: list[dict]) -> None:
     time, floor, memory = (t.at_most for t in targets.LAYERS[4:])
     print(f"\nK > 1 layers (float32 targets: {', '.join(targets.FLOOR_HELD)} /floor <= {floor}; "
           f"others time <= {time}; memory <= {memory} everywhere)")  # fmt: skip
-    print("time = general / einsum; floor = the three GEMMs of the layer alone / einsum (no")
-    print("implementation that runs those GEMMs can have a time below it); /floor = time / floor")
+    print("time = general / einsum; floor = the three GEMMs of the layer alone / einsum, each")
+    print("the faster of dense and one GEMM per occupied cell (no implementation that runs those")
+    print("products can have a time below it); /floor = time / floor; /dense = time / the floor")
+    print("of dense GEMMs alone (no target); gemms = how general ran its GEMMs")
     print(
-        f"{'layers':<24}{'K':>3}{'dtype':>9}{'batch':>6}{'gen ms':>8}{'time':>11}{'floor':>11}"
-        f"{'/floor':>11}{'memory':>7}{'verdict':>9}"
+        f"{'layers':<24}{'K':>3}{'dtype':>9}{'batch':>6}{'gemms':>9}{'gen ms':>8}{'time':>11}"
+        f"{'floor':>11}{'/floor':>11}{'/dense':>11}{'memory':>7}{'verdict':>9}"
     )
     for r in rows:
         print(
             f"{r['layer'][:23]:<24}{r['K']:>3}{r['dtype']:>9}{r['batch']:>6}"
+            f"{'per cell' if r['over cells'] else 'dense':>9}"
             f"{r['ms']['general']:>8.2f}{mark(r, 'general / einsum time'):>11}"
             f"{mark(r, 'gemm floor / einsum time'):>11}{mark(r, 'general / gemm floor'):>11}"
+            f"{mark(r, 'general / dense gemm floor'):>11}"
             f"{mark(r, 'general / einsum peak memory'):>7}{verdict(r):>9}"
         )
     shares = [f"{r['layer'].split(', ')[0]} {r['empty cells']:.0%}" for r in rows]
-    print("empty cells, whose zero features the floor's dense GEMMs multiply too (a formulation")
-    print("that skips them could run below this floor):")
+    print("empty cells, whose zero features dense GEMMs multiply (the per-cell GEMMs skip them;")
+    print("general runs per cell where knn_general.cells_estimate says it pays):")
     print(textwrap.fill(", ".join(dict.fromkeys(shares)), 98, initial_indent="  ",
                         subsequent_indent="  "))  # fmt: skip
 
