@@ -69,30 +69,36 @@ destination)::
     grad_weight_v         = grad_y_pairs[block v]^T @ z_pairs[block v]
 
 with ``grad_y_pairs [T*B, Cout]`` gathered per pair. That is ``T / (Nout*V)`` of the products,
-paid for with one permuting copy of the weight in each of the forward and the backward, and
-traffic per pair (``u``, its sum, ``grad_y``'s gather) that the dense path does not have.
-:func:`cells_estimate` models the time of the per-cell path over the dense one,
+paid for with copies of the weight (permuted to ``[V, Cout, Cin]`` in the forward and again in
+the backward, and ``grad_weight`` permuted back) and with traffic per pair (``u`` added to ``y``,
+``grad_y``'s gather) that the dense path does not have. :func:`cells_estimate` models the time of
+the per-cell path over the dense one,
 
     occupied * (1 + PAIR_COST / Cin) + WEIGHT_COST / (B * Nout),
 
 the products kept, plus the pair traffic per product, plus the weight's copies per product. The
 constants were fitted to forward + backward of both paths, timed side by side on res18's K > 1
-graphs at batch 8 to 256 on a 2-core CPU, where the estimate fell within about 0.1 of the measured
-ratio. The GEMMs run per cell where it is at most :data:`CELLS_AT_MOST` (and the pair features
-fit in :data:`WHOLE_BYTES`: :func:`over_cells`). The choice is a pure function of the graph and
-the batch, and so is the result. Measured there, per cell / dense, where it is chosen:
+graphs at batch 8 to 256 on a 2-core CPU. Where the estimate is 0.8 to 1.0, near the choice, it
+fell within 0.13 of the measured ratio; far above, it overstates the loss (layer4.0.conv1 at
+batch 8: 2.56 against 1.51). The GEMMs run per cell where it is at most :data:`CELLS_AT_MOST`
+and the pair features fit in :data:`WHOLE_BYTES` (:func:`over_cells`). The choice is a pure
+function of the graph and the batch, and so is the result. Measured there, per cell / dense:
 
-======================  ============================================
-layer4.0.conv2          0.87 (batch 32), 0.66 (64), 0.48 (256)
-layer3.0.conv2          0.91 (16), 0.78 (64), 0.83 (256)
-layer3.0.conv1          0.90 (64), 0.95 (256)
-layer4.0.conv1          0.81 (128), 0.75 (256)
-layer2.0.conv2          0.88 (16), 0.90 (64)
-======================  ============================================
+==============  ========================================  ====================================
+layer           chosen                                    not chosen
+==============  ========================================  ====================================
+layer4.0.conv2  0.78 (batch 32), 0.66 (64), 0.48 (256)    0.95 (16), 1.14 (8)
+layer3.0.conv2  0.91 (16), 0.78 (64), 0.83 (256)          1.03 (8)
+layer3.0.conv1  0.90 (64), 0.95 (256)                     1.00 (16), 1.16 (8)
+layer4.0.conv1  0.81 (128), 0.75 (256)                    0.89 (64), 1.29 (16), 1.51 (8)
+layer2.0.conv2  0.88 (16), 0.90 (64)                      1.48 (256, past WHOLE_BYTES)
+layer2.0.conv1                                            1.04 to 1.21 (8 to 64)
+layer1                                                    0.88 to 0.91 (8 to 32: a win the
+                                                          estimate, 1.06, misses), 1.26 (64)
+conv1                                                     13.5 to 15 (Cin = 3)
+==============  ========================================  ====================================
 
-and where it is not: layer3.0.conv2 at batch 8 1.03, layer3.0.conv1 at 16 1.00, layer4.0.conv1
-at 16 1.29 (at 64, 0.89: a miss of the estimate, 0.92), layer2.0.conv1 1.04 to 1.08, layer1 at
-64 1.26, and 1.2 to 2.2 at batch 4 and below, where the weight's copies outweigh the products.
+At batch 4 and below it is 1.2 to 2.2: the weight's copies outweigh the products saved.
 """
 
 from __future__ import annotations
@@ -307,7 +313,12 @@ def _node_rows(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
 
 
 def _transposed_back(rows: torch.Tensor, batch: int, c_in: int) -> torch.Tensor:
-    """Node rows ``[N, B*Cin]`` -> ``[B, Cin, N]``, contiguous (one permuting copy)."""
+    """Node rows ``[N, B*Cin]`` -> ``[B, Cin, N]``, contiguous, in one copy: the transpose of
+    the 2-D ``[N, B*Cin]`` (which ATen blocks) for ``N >= 32`` nodes beyond few samples, else
+    the 3-D permute. Measured on a 2-core CPU, 2-D / 3-D: 0.37 to 0.87 at ``N`` 32 to 356 and
+    batch 8 to 256; 0.9 to 1.2 at batch 4 and below; 1.8 to 7 at ``N`` 2 and 16 (layer3/4)."""
+    if rows.shape[0] >= 32 and not over_nodes(batch):
+        return rows.t().contiguous().view(batch, c_in, rows.shape[0])
     return rows.view(rows.shape[0], batch, c_in).permute(1, 2, 0).contiguous()
 
 
@@ -366,7 +377,7 @@ def _weight_t_times(weight: torch.Tensor, grad_y_cols: torch.Tensor) -> torch.Te
 # ------------------------------------------------------------------------- occupied cells
 PAIR_COST = 30.0  # fitted (module docstring, "Occupied cells"): a pair's moves, per input channel
 WEIGHT_COST = 30.0  # fitted: the weight's permuting copies, per GEMM row (b, n)
-CELLS_AT_MOST = 0.9  # the estimate below which the GEMMs run per cell (fit error: about 0.1)
+CELLS_AT_MOST = 0.9  # the estimate below which the GEMMs run per cell (error near it: <= 0.13)
 
 
 def cells_estimate(meta: KNNMeta, batch: int) -> float:
