@@ -380,15 +380,20 @@ WEIGHT_COST = 30.0  # fitted: the weight's permuting copies, per GEMM row (b, n)
 CELLS_AT_MOST = 0.9  # the estimate below which the GEMMs run per cell (error near it: <= 0.13)
 
 
+def _pair_count(meta: KNNMeta) -> int:
+    """``T``, the occupied ``(node, cell)`` pairs of ``meta``."""
+    return meta.derived(NAME, derive)["cells.node"].shape[0]
+
+
 def cells_estimate(meta: KNNMeta, batch: int) -> float:
-    """The estimated time of the per-cell GEMM stage / the dense one, for ``batch`` samples::
+    """The estimated time of forward + backward over occupied cells / dense, for ``batch``
+    samples (module docstring, "Occupied cells")::
 
         occupied * (1 + PAIR_COST / Cin) + WEIGHT_COST / (B * Nout)
 
     ``occupied = T / (Nout*V)``, the share of ``(node, cell)`` pairs a real neighbour falls in:
     the share of the dense GEMMs' products that the per-cell GEMMs still run."""
-    pairs = meta.derived(NAME, derive)["cells.node"].shape[0]  # T
-    occupied = pairs / max(1, meta.n_out * meta.v)
+    occupied = _pair_count(meta) / max(1, meta.n_out * meta.v)
     return occupied * (1 + PAIR_COST / meta.in_channels) + WEIGHT_COST / max(1, batch * meta.n_out)
 
 
@@ -398,7 +403,7 @@ def over_cells(meta: KNNMeta, batch: int) -> bool:
     features ``[T*B, Cin]`` (float32) of at most :data:`WHOLE_BYTES`, beyond which every call maps
     them fresh (layer2.0.conv2 at batch 256, 69 MB: 1.5 times the dense time). Never for an empty
     batch or a graph without a real neighbour (no pair to run)."""
-    pairs = meta.derived(NAME, derive)["cells.node"].shape[0]  # T
+    pairs = _pair_count(meta)
     if batch == 0 or pairs == 0 or pairs * batch * meta.in_channels * 4 > WHOLE_BYTES:
         return False
     return cells_estimate(meta, batch) <= CELLS_AT_MOST
@@ -422,12 +427,12 @@ def cell_slices(meta: KNNMeta, batch: int) -> list[tuple[int, slice, torch.Tenso
     return slices
 
 
-def _cell_weights(weight: torch.Tensor, v: int, dtype: torch.dtype) -> torch.Tensor:
+def _cell_weights(weight: torch.Tensor, n_cells: int, dtype: torch.dtype) -> torch.Tensor:
     """``weight [Cout, Cin*V]`` (column ``c*V + v``) -> ``[V, Cout, Cin]``, one copy: every cell's
     weights a contiguous matrix, as BLAS needs them."""
     c_out = weight.shape[0]
-    cells = weight.new_empty(v, c_out, weight.shape[1] // v, dtype=dtype)
-    return cells.copy_(weight.view(c_out, -1, v).permute(2, 0, 1))
+    cells = weight.new_empty(n_cells, c_out, weight.shape[1] // n_cells, dtype=dtype)
+    return cells.copy_(weight.view(c_out, -1, n_cells).permute(2, 0, 1))
 
 
 def _pair_features(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
