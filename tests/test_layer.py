@@ -108,7 +108,7 @@ def test_derived_data_are_non_persistent_buffers():
     buffers = dict(layer.named_buffers())
     derived = {name for name in buffers if name.startswith("derived_")}
     assert derived and "derived_forward_first" in derived  # general's segment-sum plans
-    assert set(layer.state_dict()) == {"weight", "bias", "knn", "rf_index"}
+    assert set(layer.state_dict()) == {"weight", "bias", "knn", "rf_index", "_extra_state"}
     layer.backend = "einsum_baseline"  # another backend: its own derived data replace them
     assert {n for n, _ in layer.named_buffers() if n.startswith("derived_")} == {"derived_local_rf"}
 
@@ -131,7 +131,15 @@ def test_assigning_a_graph_works_or_raises():
 
 
 def snapshot(layer):
-    return {name: t.clone() for name, t in [*layer.state_dict().items()]}
+    """The state dict, tensors cloned (the extra state ``{"n_in", "v"}`` is a dict)."""
+    return {
+        name: t.clone() if isinstance(t, torch.Tensor) else dict(t)
+        for name, t in layer.state_dict().items()
+    }
+
+
+def same(a, b) -> bool:
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
 
 
 @pytest.mark.parametrize(
@@ -152,7 +160,7 @@ def test_a_refused_load_leaves_the_layer_exactly_as_it_was(edit, error, message)
     with pytest.raises(error, match=message):
         layer.load_state_dict(state)
     after = snapshot(layer)
-    assert all(torch.equal(after[k], before[k]) for k in before)
+    assert all(same(after[k], before[k]) for k in before)
 
 
 def test_loading_another_graph_rederives_and_keys_are_strict():
@@ -168,13 +176,13 @@ def test_loading_another_graph_rederives_and_keys_are_strict():
 
 # -------------------------------------------------- state that never disagrees with itself
 def _snapshot(layer):
-    return {k: v.clone() for k, v in layer.state_dict().items()}, layer.backend, layer.meta
+    return snapshot(layer), layer.backend, layer.meta
 
 
 def _unchanged(layer, before):
     state, backend, meta = before
     now = layer.state_dict()
-    assert state.keys() == now.keys() and all(torch.equal(state[k], now[k]) for k in state)
+    assert state.keys() == now.keys() and all(same(state[k], now[k]) for k in state)
     assert layer.backend == backend and layer.meta.same_graph(meta)
 
 
@@ -378,7 +386,7 @@ def test_a_models_state_dict_is_validated_by_loading_it_into_a_copy():
     before = snapshot(model)
     with pytest.raises(ValueError, match="knn entries must lie in"):
         copy.deepcopy(model).load_state_dict(bad)
-    assert all(torch.equal(t, before[key]) for key, t in model.state_dict().items())
+    assert all(same(t, before[key]) for key, t in model.state_dict().items())
     with pytest.raises(ValueError, match="knn entries must lie in"):
         model.load_state_dict(bad)  # what the workaround avoids: layer 0 was loaded
     assert torch.equal(model[0].weight, other[0].weight)
@@ -387,3 +395,87 @@ def test_a_models_state_dict_is_validated_by_loading_it_into_a_copy():
     model.load_state_dict(good)
     x = torch.randn(2, 3, 30)
     assert torch.equal(model(x), other(x))
+
+
+# --------------------------------------------------------- the layer computes only its own graph
+def test_functional_call_with_a_graph_or_derived_buffer_is_refused():
+    """Before: functional_call with another layer's knn computed the layer's old graph under
+    general (and the new one under einsum_baseline); a swapped derived buffer gave a wrong y."""
+    layer, other = KNNConv(3, 4, random_meta(2, 4)), KNNConv(3, 4, random_meta(2, 4, seed=1))
+    x = torch.randn(8, 3, layer.meta.n_in)
+    swaps = [
+        {"knn": other.knn},
+        {"derived_forward_first": torch.zeros_like(layer.derived_forward_first)},
+    ]
+    for buffers in swaps:
+        with pytest.raises(ValueError, match=r"swapped .*layer\.meta = KNNMeta"):
+            torch.func.functional_call(layer, buffers, (x,))
+    weight = {"weight": 2 * layer.weight}  # parameters swap freely
+    y = torch.func.functional_call(layer, weight, (x,))
+    torch.testing.assert_close(y, knn_conv(x, 2 * layer.weight, layer.bias, layer.meta))
+    assert torch.equal(layer(x), knn_conv(x, layer.weight, layer.bias, layer.meta))
+
+
+def test_an_ensemble_with_vmapped_graph_buffers_is_refused_by_name():
+    layers = [KNNConv(3, 4, random_meta(2, 4)) for _ in range(2)]  # one graph, two weights
+    params, buffers = torch.func.stack_module_state(layers)
+
+    def run(p, b, x):
+        return torch.func.functional_call(layers[0], (p, b), (x,))
+
+    with pytest.raises(ValueError, match="buffer 'knn' was swapped"):
+        torch.func.vmap(run, in_dims=(0, 0, None))(params, buffers, torch.randn(2, 3, 30))
+
+
+@pytest.mark.parametrize(
+    "edit,error,message",
+    [
+        (
+            lambda s: s.update(weight=torch.empty_like(s["weight"], device="meta")),
+            ValueError,
+            "'meta' device",
+        ),
+        (lambda s: s.update(bias=None), TypeError, "bias in the state dict must be a torch"),
+        (lambda s: s.update(weight=s["weight"].to_sparse()), TypeError, "dense tensor"),
+        (lambda s: s.update(_extra_state={"n_in": 12, "v": 4}), ValueError, "n_in = 12"),
+        (lambda s: s.update(_extra_state={"n_in": 30, "v": 2}), ValueError, "v = 2"),
+    ],
+    ids=["meta_weight", "bias_none", "sparse_weight", "other_n_in", "other_v"],
+)
+def test_a_refused_load_changes_nothing_even_where_torch_collects_the_error(edit, error, message):
+    """Before: the graph (and for bias=None the weight) were replaced, then torch raised."""
+    layer, other = KNNConv(3, 5, random_meta(2, 4)), KNNConv(3, 5, random_meta(2, 4, seed=1))
+    state = other.state_dict()
+    edit(state)
+    before = _snapshot(layer)
+    with pytest.raises(error, match=message):
+        layer.load_state_dict(state)
+    _unchanged(layer, before)
+    model = torch.nn.Sequential(layer)  # inside a container: torch's route
+    with pytest.raises(error, match=message):
+        model.load_state_dict({f"0.{key}": value for key, value in state.items()})
+    _unchanged(layer, before)
+
+
+def test_a_forced_backend_that_refuses_the_new_graph_leaves_the_weight_alone():
+    """Before: a gather_gemm layer loading a K = 2 graph raised in derive after its weight was
+    overwritten."""
+    layer = KNNConv(3, 5, random_meta(1, 1), backend="gather_gemm")
+    state = KNNConv(3, 5, random_meta(2, 1, seed=3)).state_dict()
+    before = _snapshot(layer)
+    with pytest.raises(ValueError):
+        layer.load_state_dict(state)
+    _unchanged(layer, before)
+
+
+def test_the_state_dict_carries_n_in_and_v_and_old_checkpoints_still_load():
+    """Before: a state dict over n_in = 9 loaded into a layer of n_in = 12, "All keys matched",
+    and its padding (index 9) became a real input."""
+    small, large = KNNConv(3, 4, random_meta(2, 4, n_in=9)), KNNConv(3, 4, random_meta(2, 4))
+    assert small.state_dict()["_extra_state"] == {"n_in": 9, "v": 4}
+    with pytest.raises(ValueError, match="n_in = 9, this layer's 30"):
+        large.load_state_dict(small.state_dict())
+    old = {k: v for k, v in large.state_dict().items() if k != "_extra_state"}
+    again = KNNConv(3, 4, random_meta(2, 4, seed=5))
+    again.load_state_dict(old)  # written before the extra state: loads
+    assert again.meta.same_graph(large.meta)
