@@ -210,6 +210,18 @@ class KNNMeta:
         if not isinstance(local_rf := getattr(layer, "local_rf", None), torch.Tensor):
             got = "no local_rf" if local_rf is None else type(local_rf).__name__
             raise TypeError(f"layer.local_rf must be a torch.Tensor, got {got} ({what})")
+        want = tuple(local_rf.shape[1::-1]) if local_rf.dim() == 3 else None  # (K, Nout)
+        if want is not None and tuple(knn.shape) != want:
+            name = (
+                "knn_indices_pad_token"
+                if hasattr(layer, "knn_indices_pad_token")
+                else "knn_indices"
+            )
+            transposed = " (transposed?)" if tuple(knn.shape) == want[::-1] else ""
+            raise ValueError(
+                f"layer.{name} has shape {tuple(knn.shape)}{transposed}; local_rf "
+                f"{tuple(local_rf.shape)} = [Nout, K, V] asks for [K, Nout] = {want}"
+            )
         if in_channels is None:
             if not hasattr(layer, "in_channels"):
                 raise TypeError(f"layer ({what}) has no in_channels; pass in_channels=")

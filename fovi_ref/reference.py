@@ -28,9 +28,47 @@ import torch
 
 from fovi_ref.meta import KNNMeta
 
-__all__ = ["AllPadding", "knn_conv_reference"]
+__all__ = ["AllPadding", "check_shapes", "knn_conv_reference"]
 
 AllPadding = Literal["bias", "zero"]
+
+
+def check_shapes(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    meta: KNNMeta,
+    grad_y: torch.Tensor | None = None,
+) -> None:
+    """``TypeError``/``ValueError`` naming the operand whose shape does not fit ``meta``:
+    ``x [B, Cin, Nin]``, ``weight [Cout, Cin*V]``, ``bias [Cout]``, ``grad_y [B, Cout, Nout]``."""
+    if not isinstance(meta, KNNMeta):
+        raise TypeError(f"meta must be a fovi_ref.KNNMeta, got {type(meta).__name__}")
+    named = {"x": x, "weight": weight, "bias": bias, "grad_y": grad_y}
+    for name, t in named.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    batch = x.shape[0] if x.dim() == 3 else None
+    c_out = weight.shape[0] if weight.dim() == 2 else None
+    want = {
+        "x": (batch, meta.in_channels, meta.n_in),
+        "weight": (c_out, meta.in_channels * meta.v),
+        "bias": (c_out,),
+        "grad_y": (batch, c_out, meta.n_out),
+    }
+    labels = {
+        "x": "[B, Cin, Nin]",
+        "weight": "[Cout, Cin*V]",
+        "bias": "[Cout]",
+        "grad_y": "[B, Cout, Nout]",
+    }
+    for name, t in named.items():
+        if t is not None and tuple(t.shape) != want[name]:
+            sizes = ", ".join("B" if s is None else str(s) for s in want[name])
+            raise ValueError(
+                f"{name} must be {labels[name]} = [{sizes}] for this meta and "
+                f"these operands, got {tuple(t.shape)}"
+            )
 
 
 def knn_conv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -49,6 +87,7 @@ def knn_conv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         raise ValueError(f"all_padding must be 'bias' or 'zero', got {all_padding!r}")
     if compute_dtype not in (torch.float64, torch.float32):
         raise ValueError(f"compute_dtype must be float64 or float32, got {compute_dtype}")
+    check_shapes(x, weight, bias, meta)
     x = x.to(compute_dtype)
     weight = weight.to(compute_dtype)
     batch, c_in, _ = x.shape

@@ -361,3 +361,14 @@ def test_a_derive_that_returns_no_dict_of_tensors_names_the_backend(result):
             prepare(meta, "list_derive")
     finally:
         unregister_ops("list_derive")
+
+
+def test_from_layer_names_a_transposed_pad_token():
+    """Before: a [Nout, K] knn_indices_pad_token was blamed on rf_index."""
+    meta = random_meta(3, 4)
+    layer = fovi_like_layer(meta, pad_token=True)
+    layer.knn_indices_pad_token = meta.knn.t()
+    with pytest.raises(
+        ValueError, match=r"knn_indices_pad_token has shape \(20, 3\) \(transposed\?\)"
+    ):
+        KNNMeta.from_layer(layer)

@@ -64,6 +64,12 @@ def verify_meta(
     ``bias_rounding="fused"`` demands that ``y`` round ``W x + b`` once (see
     :mod:`fovi_ref.check.tolerances`, step 2 (d)). A battery that would judge nothing (batch
     0, no dtype) raises ``ValueError``, as :func:`~fovi_ref.check.check_ops.check_ops` does."""
+    if not isinstance(meta, KNNMeta):
+        raise TypeError(f"meta must be a fovi_ref.KNNMeta, got {type(meta).__name__}")
+    if isinstance(out_channels, bool) or not isinstance(out_channels, numbers.Integral):
+        raise TypeError(f"out_channels must be an int, got {type(out_channels).__name__}")
+    if out_channels < 1:
+        raise ValueError(f"out_channels must be >= 1, got {out_channels}")
     if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
         raise (ValueError if isinstance(batch, numbers.Integral) else TypeError)(
             f"batch must be an int >= 1, got {batch!r}: an empty batch judges nothing"
