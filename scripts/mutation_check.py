@@ -1,13 +1,14 @@
 """Plant known bugs in a backend and show that the checks catch every one of them.
 
     python scripts/mutation_check.py [--backend general|gather_gemm|einsum_baseline|all]
-                                     [--no-properties] [--graphs random layer4.1.conv1 ...]
+                                     [--no-properties] [--graphs spanning random ...]
 
 Each mutation wraps a registered backend at the ops level (its ``forward``, ``grad_input`` and
 ``grad_weight`` are called with a doctored graph, or their results are doctored), so it works
 whatever the backend's internals are. Each mutant then runs through
 
-- :func:`fovi_ref.check.check_ops.check_ops` on random and res18 graphs in four dtypes; a check
+- :func:`fovi_ref.check.check_ops.check_ops`, the default battery (the spanning graphs of
+  :mod:`fovi_ref.check.graphs`) unless ``--graphs`` says otherwise, in four dtypes; a check
   *catches* the mutation when it fails for the mutant and passes for the clean backend on the same
   graph, dtype and quantity (so a failure the clean backend already has does not count);
 - the property tests of tests/test_properties.py, with the mutant registered as a backend.
@@ -28,10 +29,9 @@ from pathlib import Path
 import torch
 
 from fovi_ref import KNNMeta, get_ops, register_ops, unregister_ops
-from fovi_ref.check.check_ops import CHECKS, check_ops
+from fovi_ref.check.check_ops import CHECKS, DEFAULT, check_ops
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST_GRAPHS = ("random", "layer4.0.downsample.0", "layer4.1.conv1")
 CHECK_ORDER = list(CHECKS)
 
 
@@ -92,6 +92,24 @@ def only_slot(meta: KNNMeta, k: int) -> KNNMeta:
 
 
 # ------------------------------------------------------------------------------- mutants
+def past_slot_9(meta: KNNMeta) -> KNNMeta | None:
+    """Neighbours ``k >= 9`` dropped (a kernel that unrolls nine slots)."""
+    if meta.k <= 9:
+        return None
+    knn = meta.knn.clone()
+    knn[9:] = meta.n_in
+    return _rebuild(meta, knn, meta.rf_index)
+
+
+def fan_out(meta: KNNMeta) -> torch.Tensor:
+    """``[Nin]`` how many real neighbour entries read each input."""
+    return torch.bincount(meta.knn[~meta.pad_mask], minlength=meta.n_in)
+
+
+HUB_READERS = 16  # fovi_ref's HUB: inputs read more often are hubs
+MANY_READERS = 150  # where the 16-bit bound went vacuous before
+
+
 class Mutant:
     """A backend with one planted bug; ``applied`` says whether any call was changed by it."""
 
@@ -102,6 +120,9 @@ class Mutant:
         self._metas: dict[tuple[int, str], tuple[KNNMeta, KNNMeta | None]] = {}
         if hasattr(inner, "supports"):
             self.supports = inner.supports
+        if kind == "plain_forward_wrong":  # the operand pair right, the plain forward wrong
+            self.forward_with_operand = inner.forward_with_operand
+            self.grad_weight_of_operand = inner.grad_weight_of_operand
 
     def _doctored(self, meta: KNNMeta, how: Callable[[KNNMeta], KNNMeta | None]) -> KNNMeta:
         """``how(meta)`` (cached; the entry holds ``meta`` so its id is not reused), or
@@ -122,6 +143,7 @@ class Mutant:
             "wrong_cell": wrong_cell,
             "dropped_neighbour": dropped_neighbour,
             "padding_reads_input_0": padding_reads_input_0,
+            "dropped_past_k_9": past_slot_9,
         }
         how = graph_bugs.get(self.kind)
         return meta if how is None else self._doctored(meta, how)
@@ -154,10 +176,23 @@ class Mutant:
             for k in range(1, meta.k):  # each slot's partial result added in the storage dtype
                 y = y + self.inner.forward(only_slot(meta, k), x, weight, None)
             return y
+        if self.kind == "wrong_past_batch_4" and x.shape[0] > 4:
+            self.applied = True  # samples past the fourth get the fourth's output
+            y = self.inner.forward(meta, x, weight, bias).clone()
+            y[4:] = y[3:4]
+            return y
         y = self.inner.forward(self._graph(meta), x, weight, bias)
         if self.kind == "bias_twice" and bias is not None:
             self.applied = True
             y = y + bias[:, None]
+        wrong_here = {
+            "off_past_64_nodes": meta.n_out > 64,
+            "off_at_one_channel": meta.in_channels == 1,
+            "plain_forward_wrong": True,
+        }
+        if wrong_here.get(self.kind):
+            self.applied = True
+            y = y * 1.01
         return y
 
     def grad_input(self, meta, grad_y, weight):
@@ -167,6 +202,19 @@ class Mutant:
         if self.kind == "grad_x_rolled":
             self.applied = True
             grad_x = grad_x.roll(1, dims=2)
+        if self.kind == "last_input_grad_x_zeroed":
+            self.applied = True
+            grad_x = grad_x.clone()
+            grad_x[:, :, -1] = 0
+        readers = fan_out(meta)  # [Nin]
+        if self.kind == "hub_grad_x_off" and bool((readers > HUB_READERS).any()):
+            self.applied = True
+            grad_x = grad_x * torch.where(readers > HUB_READERS, 1.01, 1.0).to(grad_x)
+        many = (readers >= MANY_READERS) & (grad_y.dtype == torch.bfloat16)
+        if self.kind in ("bf16_grad_x_zeroed", "bf16_grad_x_flipped") and bool(many.any()):
+            self.applied = True
+            factor = 0.0 if self.kind == "bf16_grad_x_zeroed" else -1.0
+            grad_x = grad_x * torch.where(many, factor, 1.0).to(grad_x)
         return grad_x
 
     def grad_weight(self, meta, grad_y, x):
@@ -187,6 +235,15 @@ MUTATIONS = {
     "noncontiguous_bias": "a strided bias is read as if contiguous",
     "float32_output": "y comes back float32 for float16/bfloat16 inputs",
     "wrong_past_batch_3": "samples past the third get the third's output",
+    "wrong_past_batch_4": "samples past the fourth get the fourth's output (batch >= 5)",
+    "off_past_64_nodes": "y off by 1% where Nout > 64",
+    "off_at_one_channel": "y off by 1% where Cin == 1",
+    "plain_forward_wrong": "the plain forward off by 1%, forward_with_operand right",
+    "dropped_past_k_9": "neighbours k >= 9 dropped",
+    "hub_grad_x_off": "grad_x off by 1% on inputs more than 16 outputs read",
+    "last_input_grad_x_zeroed": "grad_x of the last input zeroed",
+    "bf16_grad_x_zeroed": "bfloat16 grad_x zeroed on inputs 150 or more outputs read",
+    "bf16_grad_x_flipped": "bfloat16 grad_x sign-flipped on inputs 150 or more outputs read",
 }
 
 
@@ -284,7 +341,7 @@ def print_table(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="general", help="a backend name, or 'all'")
-    parser.add_argument("--graphs", nargs="*", default=list(FAST_GRAPHS))
+    parser.add_argument("--graphs", nargs="*", default=list(DEFAULT), help="default: spanning")
     parser.add_argument("--no-properties", action="store_true", help="check_ops only")
     args = parser.parse_args(argv)
     backends = (

@@ -236,3 +236,51 @@ def test_arguments_that_are_not_what_they_say_are_refused_by_name(bad):
     args = {"graphs": ["random"], "dtypes": (torch.float64,), "checks": ("oracle",), **bad}
     with pytest.raises((TypeError, ValueError), match=next(iter(bad))):
         check_ops("general", **args)
+
+
+# ------------------------------------------------------------------ argument errors, by name
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        (dict(graphs=["random"], seed=2**64), ValueError, r"seed must be in \[0, "),
+        (dict(graphs=["random"], seed=1.5), TypeError, "seed must be an int"),
+        (dict(graphs=["random"], gradcheck_max_inputs="a"), TypeError, "gradcheck_max_inputs"),
+        (dict(graphs=["random"], all_padding="none"), ValueError, "all_padding"),
+    ],
+)
+def test_check_ops_names_the_argument_it_refuses(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        check_ops("general", **kwargs)
+
+
+def test_a_graph_item_without_a_name_or_with_a_bad_channel_count_is_refused_by_name():
+    from fovi_ref.check.graphs import TestGraph, random_meta
+
+    meta = random_meta(2, 4)
+    with pytest.raises(TypeError, match="graphs: a bare KNNMeta .* TestGraph"):
+        check_ops("general", graphs=[meta])
+    with pytest.raises(ValueError, match="out_channels must be an int >= 1, got -2"):
+        check_ops("general", graphs=[TestGraph("mine", meta, -2)])
+
+
+def test_the_oracle_and_the_tolerance_rule_name_a_mismatched_operand():
+    from fovi_ref.check.graphs import random_meta
+    from fovi_ref.check.operands import sample_operands
+    from fovi_ref.check.tolerances import expected_quantities
+    from fovi_ref.check.verify import verify_meta
+    from fovi_ref.reference import knn_conv_reference
+
+    meta = random_meta(2, 4)
+    x, w, b, gy = sample_operands(meta, 3, batch=2)
+    with pytest.raises(ValueError, match=r"x must be \[B, Cin, Nin\] = \[2, 3, 16\]"):
+        knn_conv_reference(x[:, :, :5], w, b, meta)
+    with pytest.raises(ValueError, match=r"weight must be \[Cout, Cin\*V\]"):
+        knn_conv_reference(x, w[:, :5], b, meta)
+    with pytest.raises(ValueError, match=r"grad_y must be \[B, Cout, Nout\] = \[2, 3, 12\]"):
+        expected_quantities(x, w, b, meta, gy[:, :, :4])
+    with pytest.raises(ValueError, match=r"bias must be \[Cout\]"):
+        expected_quantities(x, w, b[:2], meta, gy)
+    with pytest.raises(TypeError, match="meta must be a fovi_ref.KNNMeta, got NoneType"):
+        verify_meta("mine", None, 3)
+    with pytest.raises(ValueError, match="out_channels must be >= 1, got -2"):
+        verify_meta("mine", meta, -2)

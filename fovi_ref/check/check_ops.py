@@ -5,21 +5,35 @@
 An *ops object* is anything that follows the backend protocol of :mod:`fovi_ref.knn_autograd`
 (checked first, :func:`fovi_ref.check.protocol.check_protocol`). fovi_ref's own backends are ops
 objects (:func:`fovi_ref.get_ops`), and so are fovi's (:class:`fovi_ref.check.fovi.FoviOps`).
-Every run goes through ``knn_conv`` (:func:`fovi_ref.check.operands.forward_and_grads`) with the
-ops object :func:`~fovi_ref.check.protocol.policed`, so a result of the wrong shape or dtype is a
-failed row naming the function that returned it. ``grad_bias`` is the op's, not the backend's,
-and is not judged here.
+The ops object runs :func:`~fovi_ref.check.protocol.policed`, so a result of the wrong shape or
+dtype is a failed row naming the function that returned it. ``grad_bias`` is the op's, not the
+backend's, and is not judged here.
 
-:func:`check_ops` runs the whole battery on real fovi-resnet18 graphs and on small random graphs
-with every awkward feature (padding anywhere, all-padding rows, repeated neighbours, shared
-cells, unused inputs, collisions), in every dtype, and returns an :class:`OpsReport`:
+**The graphs** (:mod:`fovi_ref.check.graphs`). The default battery, ``"spanning"``, spans the
+axes where kernels go wrong, one axis large at a time: ``Nout``, ``Nin``, ``Cin``, ``Cout`` and
+batch at 1 and at 31/32/33, 63/64/65 and 127/128/129 (batch also at 4 and 5); ``K`` at 1, 9,
+10, 17 and 40; ``V`` at 1, 16, 17 and 33; one input read by 40, 150 and 1,100 outputs (past
+twice fovi_ref's ``HUB`` and past 1,000); a ``grad_z`` over 32 MiB (channel blocks); the first
+and the last input read; padding anywhere; ``Cin = 1`` and ``Cout = 1``. The full battery
+(:data:`FULL`) adds the random graphs of earlier rounds and all 20 fovi-resnet18 layers.
+
+**The doors.** A backend is reached three ways, and each is judged:
+
+- the eager door with gradients: ``knn_conv`` runs ``forward_with_operand`` (where the ops have
+  the pair), ``grad_input`` and ``grad_weight_of_operand`` (check ``oracle``);
+- the plain ``forward``, which runs under ``torch.no_grad`` and inside compiled or exported
+  programs (check ``doors``);
+- the custom op ``torch.ops.fovi_ref.knn_conv`` that compiled code calls, with its backward's
+  ``grad_input`` and ``grad_weight`` from ``x`` (check ``doors``; called eagerly, with the ops
+  registered for the run under a name of their own).
 
 =============  ========================================================================
 check          what it asks
 =============  ========================================================================
 oracle         ``y`` and the gradients agree with the float64 oracle by the elementwise
-               rule of :mod:`fovi_ref.check.tolerances` (``einsum_baseline``'s ratio reported);
-               for ops with the operand pair, ``grad_weight`` from ``x`` too
+               rule of :mod:`fovi_ref.check.tolerances` (``einsum_baseline``'s ratio
+               reported on the graphs that test calling conventions)
+doors          the same for the plain forward and for the custom op and its backward
 cancellation   the same, with a bias that cancels ``W x`` and upstream gradients that
                cancel in pairs: the rule must hold where the results are tiny
 padding        inputs that no real neighbour reads hold inf (and the upstream gradient is
@@ -31,43 +45,75 @@ variants       the oracle check again on what callers hand over besides the defa
                operands: ``x`` in fovi's transposed layout, a strided slice and a stride-0
                expansion; ``weight`` transposed in memory; a strided ``bias`` and
                ``bias=None``; one output channel; ``grad_y`` in fovi's layout and stride-0
-               expanded; batch sizes 0, 1 and one above ``batch`` (on graphs of at most
-               :data:`VARIANTS_MAX_NODES` outputs: they test the calling convention)
+               expanded; batch sizes 0, 1 and one above ``batch`` (on the graphs that
+               test calling conventions: ``base``, the random graphs, res18's of at most
+               :data:`VARIANTS_MAX_NODES` outputs)
 gradcheck      ``torch.autograd.gradcheck`` of ``knn_conv`` on the ops (float64, small
                graphs)
 determinism    two runs of the oracle check's calls give bitwise equal results
 =============  ========================================================================
 
-Collisions are in every random graph (two outputs read one input in one cell, and
-``crowded_k2_v4`` puts 20 outputs on 8 inputs): their gradients must add up, which the oracle
-and cancellation checks judge.
+**A failing row says where.** It gives the worst element's index (``[b, o, n]`` of ``y``,
+``[b, c, i]`` of ``grad_x``, ``[o, column]`` of ``grad_weight``) and what the graph makes of it
+(the node and its neighbours, the input and its readers, the channel and cell of a column), the
+value, the oracle's value and the bound, and a ``replay``: the ``check_ops`` call that runs
+that one case again (seeds come from graph names, so it is the same case).
 
 Every judged result must come back in the inputs' dtype (another dtype is a failed row), and a
 battery that would judge nothing (no graph, dtype or check) raises instead of passing.
 
-Usable from pytest: ``assert report.ok, report``.
+Usable from pytest: ``assert report.ok, report``; from a shell: ``python -m fovi_ref check``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from fovi_ref import DTYPES, KNNMeta, dtype_name, get_ops, knn_conv
+from fovi_ref import (
+    DTYPES,
+    KNNMeta,
+    derive_for,
+    dtype_name,
+    get_ops,
+    knn_conv,
+    register_ops,
+    unregister_ops,
+)
+from fovi_ref.check.graphs import (
+    RES18_SUBSET,
+    SPANNING,
+    TestGraph,
+    graph_seed,
+    random_graphs,
+    random_meta,
+    res18_graphs,
+    spanning_graph,
+    spanning_graphs,
+)
 from fovi_ref.check.operands import forward_and_grads, sample_operands
 from fovi_ref.check.protocol import policed
-from fovi_ref.check.tolerances import BiasRounding, Verdict, expected_quantities, judge_elementwise
+from fovi_ref.check.tolerances import (
+    BiasRounding,
+    Expected,
+    Verdict,
+    expected_quantities,
+    judge_elementwise,
+)
 from fovi_ref.reference import AllPadding, knn_conv_reference
 
 __all__ = [
     "CHECKS",
+    "DEFAULT",
+    "FULL",
     "RES18_SUBSET",
     "OpsReport",
     "ReportRow",
@@ -80,133 +126,152 @@ __all__ = [
 
 JUDGED = ("y", "grad_x", "grad_weight")  # what a backend computes (grad_bias is the op's)
 CHECKS = (
-    "oracle", "cancellation", "padding", "nonfinite", "variants", "gradcheck", "determinism",
-)  # fmt: skip
-# The smallest res18 layers of each kind: K=1 downsample, K=2/V=4, K=9/V=9.
-RES18_SUBSET = ("layer4.0.downsample.0", "layer4.1.conv1", "layer3.0.conv1")
+    "oracle",
+    "doors",
+    "cancellation",
+    "padding",
+    "nonfinite",
+    "variants",
+    "gradcheck",
+    "determinism",
+)
+DEFAULT = ("spanning",)
+"""The default battery's graphs: :data:`fovi_ref.check.graphs.SPANNING`."""
+FULL = ("spanning", "random", "res18")
+"""The full battery's: the spanning graphs, the random graphs and all 20 res18 layers."""
 BASELINE = "einsum_baseline"
-VARIANTS_MAX_NODES = 64  # the random graphs; res18's would cost minutes per backend
+VARIANTS_MAX_NODES = 64  # res18's larger graphs would cost minutes per backend
+# The axis graphs test sizes; the calling conventions (variants, the baseline's ratio) are
+# tested on the graphs below, which hold every awkward feature at once.
+_SIZES_ONLY = frozenset(SPANNING) - {"base"}
 
 
 # ----------------------------------------------------------------------------------- graphs
-@dataclass(frozen=True)
-class TestGraph:
-    """A graph to check on: a name, the meta and the output channel count."""
-
-    __test__ = False  # not a pytest test class, whatever its name
-
-    name: str
-    meta: KNNMeta
-    out_channels: int
-
-
-def random_meta(
-    k: int,
-    v: int,
-    *,
-    n_in: int = 16,
-    n_out: int = 12,
-    in_channels: int = 3,
-    seed: int = 0,
-    padding: float = 0.2,
-    device: torch.device | str = "cpu",
-) -> KNNMeta:
-    """A random graph with every awkward feature real graphs have, each one forced:
-
-    - padding anywhere in a list (``padding`` of the entries, one in the middle of node 2's);
-    - an all-padding node (the last one);
-    - a collision: nodes 0 and 1 read one input through their first neighbour, in one cell;
-    - a repeated neighbour: node 3 lists one input twice (K >= 2);
-    - a shared cell: node 0's first two neighbours fall in one cell (K >= 2);
-    - unused inputs: the last three inputs are read by nobody.
-    """
-    if n_in < 5 or n_out < 5:
-        raise ValueError("random_meta needs n_in >= 5 and n_out >= 5 for its forced features")
-    g = torch.Generator().manual_seed(seed)
-    knn = torch.randint(0, n_in - 3, (k, n_out), generator=g)  # [K, Nout]; last 3 inputs unused
-    rf_index = torch.randint(0, v, (n_out, k), generator=g)  # [Nout, K]
-    pad = torch.rand(k, n_out, generator=g) < padding  # [K, Nout]
-    pad[k // 2, 2] = True  # padding in the middle of node 2's list
-    pad[:, n_out - 1] = True  # an all-padding node
-    pad[0, :2] = False  # the collision below stays real
-    knn[0, 1] = knn[0, 0]  # collision: nodes 0 and 1 read one input ...
-    rf_index[1, 0] = rf_index[0, 0]  # ... in the same cell, so their gradients can cancel
-    if k >= 2:
-        rf_index[0, 1] = rf_index[0, 0]  # node 0: two neighbours share a cell
-        pad[1, 0] = False
-        knn[1, 3] = knn[0, 3]  # node 3: one input listed twice
-        pad[:2, 3] = False
-    knn[pad] = n_in
-    meta = KNNMeta.from_knn(knn, rf_index, n_in=n_in, in_channels=in_channels, v=v)
-    return meta.to(device)
-
-
-def random_graphs(*, seed: int = 0, device: torch.device | str = "cpu") -> list[TestGraph]:
-    """The random graphs of the battery: the K=V=1 class, more neighbours than cells (shared
-    cells), more cells than neighbours, and a crowded graph (many outputs on few inputs)."""
-    shapes = [  # name, K, V, n_in, n_out, Cin, Cout
-        ("random_k1_v1", 1, 1, 16, 12, 3, 4),
-        ("random_k4_v2", 4, 2, 16, 12, 3, 4),
-        ("random_k3_v9", 3, 9, 16, 12, 2, 3),
-        ("crowded_k2_v4", 2, 4, 8, 20, 2, 3),
-    ]
-    return [
-        TestGraph(name, random_meta(k, v, n_in=n_in, n_out=n_out, in_channels=c_in,
-                                    seed=seed + i, device=device), c_out)
-        for i, (name, k, v, n_in, n_out, c_in, c_out) in enumerate(shapes)
-    ]  # fmt: skip
-
-
-def res18_graphs(
-    names: Sequence[str] | None = RES18_SUBSET, *, device: torch.device | str = "cpu"
-) -> list[TestGraph]:
-    """fovi-resnet18 graphs from :func:`fovi_ref.geometry.resnet18_layers` (``None``: all 20)."""
-    from fovi_ref.geometry import get_layer, resnet18_layers  # the geometry is slow to import
-
-    layers = list(resnet18_layers().values()) if names is None else map(get_layer, names)
-    return [TestGraph(r.name, r.meta.to(device), r.out_channels) for r in layers]
+def _graph_item(item: Any, seed: int, device: torch.device) -> list[TestGraph]:
+    """One item of ``graphs`` as a list of :class:`TestGraph`."""
+    if isinstance(item, str):
+        if item == "spanning":
+            return spanning_graphs(seed=seed, device=device)
+        if item == "random":
+            return random_graphs(seed=seed, device=device)
+        if item == "res18_subset":
+            return res18_graphs(device=device)
+        if item == "res18":
+            return res18_graphs(None, device=device)
+        if item in SPANNING:
+            return [spanning_graph(item, seed=seed, device=device)]
+        randoms = {g.name: g for g in random_graphs(seed=seed, device=device)}
+        if item in randoms:
+            return [randoms[item]]
+        return res18_graphs([item], device=device)
+    if isinstance(item, KNNMeta):
+        raise TypeError(
+            "graphs: a bare KNNMeta has no name or output channel count; pass "
+            "TestGraph(name, meta, out_channels) instead"
+        )
+    missing = [a for a in ("name", "meta", "out_channels") if not hasattr(item, a)]
+    if missing:
+        raise TypeError(
+            f"graphs: each item is a name or has .name, .meta and .out_channels; "
+            f"{type(item).__name__} lacks {', '.join(missing)}"
+        )
+    if not isinstance(item.meta, KNNMeta):
+        raise TypeError(f"graphs: {item.name!r}.meta must be a KNNMeta, got "
+                        f"{type(item.meta).__name__}")  # fmt: skip
+    c_out = item.out_channels
+    if isinstance(c_out, bool) or not isinstance(c_out, numbers.Integral) or c_out < 1:
+        raise ValueError(f"graphs: {item.name!r}.out_channels must be an int >= 1, got {c_out!r}")
+    narrowed = (getattr(item, a, None) for a in ("batch", "dtypes", "checks"))
+    return [TestGraph(str(item.name), item.meta.to(device), int(c_out), *narrowed)]
 
 
 def _resolve_graphs(graphs: Any, seed: int, device: torch.device) -> list[TestGraph]:
     if graphs is None:
-        graphs = ("random", "res18_subset")
-    if isinstance(graphs, str):  # one name, not its letters
+        graphs = DEFAULT
+    if isinstance(graphs, str) or not isinstance(graphs, Iterable):  # one item, not its letters
         graphs = (graphs,)
-    out: list[TestGraph] = []
-    for item in graphs:
-        if item == "random":
-            out += random_graphs(seed=seed, device=device)
-        elif item == "res18_subset":
-            out += res18_graphs(device=device)
-        elif item == "res18":
-            out += res18_graphs(None, device=device)
-        elif isinstance(item, str):
-            out += res18_graphs([item], device=device)
-        else:  # a TestGraph, a geometry LayerGraph, anything with .name, .meta, .out_channels
-            out.append(TestGraph(item.name, item.meta.to(device), int(item.out_channels)))
-    return out
+    return [g for item in graphs for g in _graph_item(item, seed, device)]
 
 
 # ------------------------------------------------------------------------------ running ops
 def _run(ops, meta, x, w, b, gy) -> dict[str, torch.Tensor]:
-    """``{"y", "grad_x", "grad_weight"}`` of ``ops`` through ``knn_conv``."""
+    """``{"y", "grad_x", "grad_weight"}`` of ``ops`` through ``knn_conv`` (the eager door)."""
     return dict(zip(JUDGED, forward_and_grads(x, w, b, meta, gy, ops), strict=False))
+
+
+@contextlib.contextmanager
+def _registered(ops: Any) -> Iterator[str]:
+    """``ops`` registered for the custom op (which finds backends by name) under a name of its
+    own for the run, then removed."""
+    name = f"check_ops[{ops.name}]@{id(ops):x}"
+    register_ops(type(name, (ops,), {"name": name}))
+    try:
+        yield name
+    finally:
+        unregister_ops(name)
+
+
+def _run_custom_op(name: str, meta, x, w, b, gy) -> dict[str, torch.Tensor]:
+    """The compiled door, called eagerly: ``torch.ops.fovi_ref.knn_conv`` and its backward."""
+    derived = derive_for(meta, name)
+    x, w = (t.detach().requires_grad_() for t in (x, w))
+    b = None if b is None else b.detach().requires_grad_()
+    graph = (meta.knn, meta.rf_index, list(derived.values()), ",".join(derived))
+    y = torch.ops.fovi_ref.knn_conv(x, w, b, *graph, meta.n_in, meta.v, name)
+    grad_x, grad_w = torch.autograd.grad(y, (x, w), gy.to(y.dtype))
+    return {"y": y.detach(), "grad_x": grad_x, "grad_weight": grad_w}
 
 
 # ------------------------------------------------------------------------------------ report
 @dataclass(frozen=True)
 class ReportRow:
-    """One line of an :class:`OpsReport`: one check of one quantity, graph and dtype."""
+    """One line of an :class:`OpsReport`: one check of one quantity, graph and dtype.
+
+    ``ratio`` is the worst ``|err| / bound`` where the rule applied; ``index`` the element it
+    was found at and ``where`` what the graph makes of that index; ``value``, ``oracle`` and
+    ``bound`` that element's figures; ``replay`` the call that runs this case again."""
 
     graph: str
     dtype: str
     check: str
     quantity: str
     ok: bool
-    ratio: float | None = None  # worst |err| / bound, where the rule applied
+    ratio: float | None = None
     max_abs_error: float | None = None
     baseline_ratio: float | None = None
     note: str = ""
+    index: tuple[int, ...] | None = None
+    where: str = ""
+    value: float | None = None
+    oracle: float | None = None
+    bound: float | None = None
+    replay: str = ""
+
+    def detail(self) -> str:
+        """Where this row's worst element is and how to run the case again (one line each)."""
+        lines = []
+        if self.index is not None:
+            at = f"{self.quantity}{list(self.index)}"
+            figures = [
+                f"{label} {_figure(value)}"
+                for label, value in (
+                    ("got", self.value),
+                    ("oracle", self.oracle),
+                    ("bound", self.bound),
+                )  # fmt: skip
+                if value is not None
+            ]
+            lines.append(f"  at {at} ({self.where}): {', '.join(figures)}")
+        if self.replay:
+            lines.append(f"  replay: {self.replay}")
+        return "\n".join(lines)
+
+
+def _figure(value: float | None) -> str:
+    """A number as a reader takes it in: ``0.92``, ``2.3e+17``, ``inf``."""
+    if value is None:
+        return ""
+    return f"{value:.3g}" if math.isfinite(value) else str(value)
 
 
 @dataclass
@@ -224,25 +289,33 @@ class OpsReport:
     def failures(self) -> list[ReportRow]:
         return [r for r in self.rows if not r.ok]
 
-    def table(self, rows: Iterable[ReportRow] | None = None) -> str:
-        """A fixed-width table (within 100 characters before the note)."""
+    def table(self, rows: Iterable[ReportRow] | None = None, *, details: bool = True) -> str:
+        """A fixed-width table (within 100 characters before the note); under a failing row,
+        where its worst element is and its replay (``details``)."""
         rows = self.rows if rows is None else list(rows)
         head = f"{'graph':<22}{'dtype':<9}{'check':<13}{'quantity':<12}{'':<5}"
         head += f"{'err/bound':>10}{'baseline':>9}  note"
         lines = [head]
         for r in rows:
-            ratio = "" if r.ratio is None else f"{r.ratio:.2f}"
-            base = "" if r.baseline_ratio is None else f"{r.baseline_ratio:.2f}"
             lines.append(
                 f"{r.graph[:21]:<22}{r.dtype:<9}{r.check:<13}{r.quantity:<12}"
-                f"{'PASS' if r.ok else 'FAIL':<5}{ratio:>10}{base:>9}  {r.note}".rstrip()
+                f"{'PASS' if r.ok else 'FAIL':<5}{_figure(r.ratio):>10}"
+                f"{_figure(r.baseline_ratio):>9}  {r.note}".rstrip()
             )
+            if details and not r.ok and r.detail():
+                lines.append(r.detail())
         return "\n".join(lines)
 
-    def __str__(self) -> str:
+    def summary(self) -> str:
         n_fail = len(self.failures)
-        summary = f"check_ops({self.ops_name}): {len(self.rows) - n_fail} passed, {n_fail} failed"
-        return summary + "\n" + self.table()
+        graphs = len({r.graph for r in self.rows})
+        return (
+            f"check_ops({self.ops_name}): {len(self.rows) - n_fail} passed, {n_fail} failed "
+            f"({graphs} graphs)"
+        )
+
+    def __str__(self) -> str:
+        return self.summary() + "\n" + self.table()
 
     def to_json(self) -> str:
         rows = [
@@ -255,19 +328,39 @@ class OpsReport:
         return json.dumps({"ops": self.ops_name, "ok": self.ok, "rows": rows}, indent=1)
 
 
-def _row(graph: str, dtype: torch.dtype, check: str, verdict: Verdict, note: str = "") -> ReportRow:
-    notes = "; ".join([*verdict.notes, *([note] if note else [])])
-    if verdict.nonfinite_mismatches:
-        notes = "; ".join([f"{verdict.nonfinite_mismatches} non-finite mismatches", notes])
-    return ReportRow(
-        graph, dtype_name(dtype), check, verdict.quantity, verdict.ok, verdict.ratio,
-        verdict.max_abs_error, verdict.baseline_ratio, notes.strip("; "),
-    )  # fmt: skip
+def _where(meta: KNNMeta, quantity: str, index: tuple[int, ...] | None) -> str:
+    """What the graph makes of an element's index: the node and its neighbours (``y``), the
+    input and the entries that read it (``grad_x``), the channel and cell (``grad_weight``)."""
+    if index is None or len(index) < 2:
+        return ""
+    if quantity == "y":
+        n = index[2]
+        real = (~meta.pad_mask[:, n]).nonzero().flatten().tolist()
+        text = f"node {n}, {len(real)} real neighbours"
+        pairs = [f"k={k} input {int(meta.knn[k, n])} cell {int(meta.rf_index[n, k])}" for k in real]
+        if pairs:
+            text += f" ({'; '.join(pairs[:4])}{', ...' if len(pairs) > 4 else ''})"
+        return text
+    if quantity == "grad_x":
+        i = index[2]
+        slots, nodes = ((meta.knn == i) & ~meta.pad_mask).nonzero(as_tuple=True)  # [F], [F]
+        text = f"input {i} of {meta.n_in}, read by {slots.numel()} entries"
+        if slots.numel():
+            k, n = int(slots[0]), int(nodes[0])
+            text += f" (first: node {n} k={k} cell {int(meta.rf_index[n, k])})"
+        return text
+    if quantity == "grad_weight":
+        column = index[1]
+        return f"channel {column // meta.v}, cell {column % meta.v}"
+    return ""
 
 
-def _error_row(graph: str, dtype: torch.dtype, check: str, quantity: str, err: Exception):
-    text = f"{type(err).__name__}: {err}".splitlines()[0][:160]
-    return ReportRow(graph, dtype_name(dtype), check, quantity, False, note=f"raised {text}")
+def _replay(graph: str, dtype: torch.dtype, check: str, options: dict[str, Any]) -> str:
+    extra = "".join(f", {k}={v!r}" for k, v in options.items())
+    return (
+        f"check_ops(ops, graphs=[{graph!r}], dtypes=[torch.{dtype_name(dtype)}], "
+        f"checks=[{check!r}]{extra})"
+    )
 
 
 # ----------------------------------------------------------------------------- the battery
@@ -278,18 +371,69 @@ class _Case:
     graph: TestGraph
     dtype: torch.dtype
     device: torch.device
-    seed: int
+    seed: int  # the operands' (from the graph's name)
     batch: int
     all_padding: AllPadding
     bias_rounding: BiasRounding
+    options: dict[str, Any]  # check_ops' arguments that a replay must repeat
+
+    def row(self, check: str, verdict: Verdict, note: str = "") -> ReportRow:
+        """The row of ``verdict``, with where its worst element is and the replay."""
+        notes = "; ".join([*verdict.notes, *([note] if note else [])])
+        if verdict.nonfinite_mismatches:
+            notes = "; ".join([f"{verdict.nonfinite_mismatches} non-finite mismatches", notes])
+        index = verdict.worst_index
+        return ReportRow(
+            self.graph.name,
+            dtype_name(self.dtype),
+            check,
+            verdict.quantity,
+            verdict.ok,
+            verdict.ratio,
+            verdict.max_abs_error,
+            verdict.baseline_ratio,
+            notes.strip("; "),
+            index=index,
+            where=_where(self.graph.meta, verdict.quantity, index),
+            value=verdict.worst_value if index is not None else None,
+            oracle=verdict.worst_ref if index is not None else None,
+            bound=verdict.worst_bound if index is not None else None,
+            replay=self.replay(check),
+        )
+
+    def error_row(self, check: str, quantity: str, err: Exception) -> ReportRow:
+        text = f"{type(err).__name__}: {err}".splitlines()[0][:160]
+        return ReportRow(self.graph.name, dtype_name(self.dtype), check, quantity, False,
+                         note=f"raised {text}", replay=self.replay(check))  # fmt: skip
+
+    def plain_row(self, check: str, ok: bool, note: str = "", **figures: Any) -> ReportRow:
+        replay = "" if ok else self.replay(check)
+        return ReportRow(self.graph.name, dtype_name(self.dtype), check, "all", ok, note=note,
+                         replay=replay, **figures)  # fmt: skip
+
+    def replay(self, check: str) -> str:
+        return _replay(self.graph.name, self.dtype, check, self.options)
 
 
 def _operands(case: _Case) -> list[torch.Tensor]:
     """``[x, weight, bias, grad_y]`` of :func:`~fovi_ref.check.operands.sample_operands`."""
     meta = case.graph.meta
-    operands = sample_operands(meta, case.graph.out_channels, batch=case.batch, seed=case.seed,
-                               dtype=case.dtype, device=case.device)  # fmt: skip
+    operands = sample_operands(
+        meta,
+        case.graph.out_channels,
+        batch=case.batch,
+        seed=case.seed,
+        dtype=case.dtype,
+        device=case.device,
+    )
     return list(operands)
+
+
+def _expected(case: _Case, x, w, b, gy) -> dict[str, Expected]:
+    return expected_quantities(
+        x, w, b, case.graph.meta, gy,
+        all_padding=case.all_padding, bias_rounding=case.bias_rounding,
+    )  # fmt: skip
 
 
 def _cancelling(case: _Case, x, w, b, gy) -> list[torch.Tensor]:
@@ -310,51 +454,54 @@ def _cancelling(case: _Case, x, w, b, gy) -> list[torch.Tensor]:
     return [x, w, b, gy.to(case.dtype)]
 
 
-def _judge_all(case, check, got, expected, baseline, note="") -> list[ReportRow]:
+def _judge(case, check, got, expected, baseline=None, note="") -> list[ReportRow]:
     rows = []
     for quantity in JUDGED:
         verdict = judge_elementwise(
-            got[quantity], expected[quantity], dtype=case.dtype, baseline=baseline.get(quantity)
+            got[quantity],
+            expected[quantity],
+            dtype=case.dtype,
+            baseline=(baseline or {}).get(quantity),
         )
-        rows.append(_row(case.graph.name, case.dtype, check, verdict, note))
+        rows.append(case.row(check, verdict, note))
     return rows
 
 
 def _baseline(case: _Case, operands, exclude: str | None) -> dict[str, torch.Tensor]:
-    """``einsum_baseline`` on the same operands, unless it is the ops under test."""
-    if exclude == BASELINE:
+    """``einsum_baseline`` on the same operands, on the graphs that test calling conventions,
+    unless it is the ops under test."""
+    if exclude == BASELINE or case.graph.name in _SIZES_ONLY:
         return {}
     return _run(BASELINE, case.graph.meta, *operands)
 
 
-def _check_oracle(ops, case, operands, check, *, name=None):
-    """The oracle (or cancellation) check; returns ``(rows, results)``."""
-    x, w, b, gy = operands
+def _check_oracle(ops, case, operands, check, *, name=None, expected=None):
+    """The oracle (or cancellation) check through the eager door; ``(rows, results)``."""
     try:
-        got = _run(ops, case.graph.meta, x, w, b, gy)
+        got = _run(ops, case.graph.meta, *operands)
     except Exception as err:  # a conformance check reports; it does not crash
-        return [_error_row(case.graph.name, case.dtype, check, "all", err)], None
-    expected = expected_quantities(
-        x, w, b, case.graph.meta, gy,
-        all_padding=case.all_padding, bias_rounding=case.bias_rounding,
-    )  # fmt: skip
-    rows = _judge_all(case, check, got, expected, _baseline(case, operands, name))
-    return rows + _grad_weight_from_x(ops, case, operands, check, expected), got
+        return [case.error_row(check, "all", err)], None
+    expected = _expected(case, *operands) if expected is None else expected
+    return _judge(case, check, got, expected, _baseline(case, operands, name)), got
 
 
-def _grad_weight_from_x(ops, case, operands, check, expected) -> list[ReportRow]:
-    """Where the ops keep an operand for the weight gradient (the eager door's path, which
-    :func:`_run` takes), ``grad_weight(meta, grad_y, x)`` (the compiled door's) judged too."""
-    if not hasattr(ops, "grad_weight_of_operand"):
-        return []
-    x, _, _, gy = operands
+def _check_doors(ops, door: str, case, operands, expected) -> list[ReportRow]:
+    """The plain forward under ``no_grad``, and the custom op compiled code calls (with its
+    backward), judged like the eager door."""
+    x, w, b, gy = operands
+    rows = []
     try:
-        lay_out = getattr(ops, "grad_y_layout", None)
-        got = ops.grad_weight(case.graph.meta, gy if lay_out is None else lay_out(gy), x)
+        with torch.no_grad():
+            y = knn_conv(x, w, b, case.graph.meta, backend=ops)
+        verdict = judge_elementwise(y, expected["y"], dtype=case.dtype)
+        rows.append(case.row("doors", verdict, "plain forward (no_grad)"))
     except Exception as err:
-        return [_error_row(case.graph.name, case.dtype, check, "grad_weight", err)]
-    verdict = judge_elementwise(got, expected["grad_weight"], dtype=case.dtype)
-    return [_row(case.graph.name, case.dtype, check, verdict, "from x (the compiled door)")]
+        rows.append(case.error_row("doors", "y", err))
+    try:
+        got = _run_custom_op(door, case.graph.meta, x, w, b, gy)
+    except Exception as err:
+        return rows + [case.error_row("doors", "all", err)]
+    return rows + _judge(case, "doors", got, expected, note="custom op (the compiled door)")
 
 
 def _unread_inputs(meta: KNNMeta) -> torch.Tensor:
@@ -364,60 +511,68 @@ def _unread_inputs(meta: KNNMeta) -> torch.Tensor:
     return unread
 
 
+def _first_offender(bad: torch.Tensor, index_of: torch.Tensor) -> tuple[int, ...]:
+    """The full index of the first True of ``bad``, where ``index_of`` maps its last axis."""
+    at = bad.nonzero()[0].tolist()
+    return (*at[:-1], int(index_of[at[-1]]))
+
+
 def _check_padding(ops, case, operands) -> list[ReportRow]:
     """Unread inputs hold inf; all-padding nodes get a large upstream gradient."""
-    meta, name, dtype = case.graph.meta, case.graph.name, case.dtype
+    meta = case.graph.meta
     unread = _unread_inputs(meta)  # [Nin]
     empty = meta.pad_mask.all(dim=0)  # [Nout] all-padding nodes
     if not (bool(unread.any()) or bool(empty.any())):
-        return [ReportRow(name, dtype_name(dtype), "padding", "all", True, note="nothing to test")]
+        return [case.plain_row("padding", True, "nothing to test")]
     x, w, b, gy = (t.clone() for t in operands)
     x[:, :, unread] = math.inf
     gy[:, :, empty] = 1000.0
     try:
-        got = _run(ops, case.graph.meta, x, w, b, gy)
+        got = _run(ops, meta, x, w, b, gy)
     except Exception as err:
-        return [_error_row(name, dtype, "padding", "all", err)]
-    expected = expected_quantities(
-        x, w, b, meta, gy, all_padding=case.all_padding, bias_rounding=case.bias_rounding
-    )
+        return [case.error_row("padding", "all", err)]
+    expected = _expected(case, x, w, b, gy)
     rows = []
     for quantity in JUDGED:
-        verdict = judge_elementwise(got[quantity], expected[quantity], dtype=dtype)
-        note, ok = "", True
+        row = case.row("padding", judge_elementwise(got[quantity], expected[quantity],
+                                                    dtype=case.dtype))  # fmt: skip
+        bad = None
         if quantity == "y" and bool(empty.any()):
             y_empty = got["y"][:, :, empty]  # [B, Cout, E]
             want = torch.zeros_like(y_empty) if case.all_padding == "zero" else b[:, None]
-            ok = torch.equal(y_empty, want.expand_as(y_empty).to(y_empty.dtype))
-            note = "" if ok else f"all-padding outputs are not exactly the {case.all_padding}"
+            bad = y_empty != want.expand_as(y_empty).to(y_empty.dtype)  # [B, Cout, E]
+            what = f"all-padding outputs are not exactly the {case.all_padding}"
+            nodes = empty.nonzero().flatten()
         if quantity == "grad_x" and bool(unread.any()):
-            g_unread = got["grad_x"][:, :, unread]
-            ok = bool((g_unread == 0).all())
-            note = "" if ok else "unread inputs get a gradient"
-        row = _row(name, dtype, "padding", verdict, note)
-        rows.append(ReportRow(**{**asdict(row), "ok": row.ok and ok}))
+            bad = got["grad_x"][:, :, unread] != 0  # [B, Cin, U]
+            what = "unread inputs get a gradient"
+            nodes = unread.nonzero().flatten()
+        if bad is not None and bool(bad.any()):  # the exact rule: no ratio, the element itself
+            index = _first_offender(bad, nodes)
+            row = dataclasses.replace(
+                row, ok=False, ratio=math.inf, note="; ".join(filter(None, (what, row.note))),
+                index=index,
+                where=_where(meta, quantity, index), value=float(got[quantity][index]),
+                oracle=float(expected[quantity].value[index]), bound=0.0,
+            )  # fmt: skip
+        rows.append(row)
     return rows
 
 
 def _check_nonfinite(ops, case, operands) -> list[ReportRow]:
     """An inf and a nan in read inputs of batch 0 reach exactly what the oracle says."""
-    meta, name, dtype = case.graph.meta, case.graph.name, case.dtype
+    meta = case.graph.meta
     read = (~_unread_inputs(meta)).nonzero().flatten()
     if case.batch == 0 or read.numel() == 0:
-        return [
-            ReportRow(name, dtype_name(dtype), "nonfinite", "all", True, note="nothing to test")
-        ]
+        return [case.plain_row("nonfinite", True, "nothing to test")]
     x, w, b, gy = (t.clone() for t in operands)
     x[0, 0, int(read[0])] = math.inf
     x[0, -1, int(read[-1])] = math.nan
     try:
-        got = _run(ops, case.graph.meta, x, w, b, gy)
+        got = _run(ops, meta, x, w, b, gy)
     except Exception as err:
-        return [_error_row(name, dtype, "nonfinite", "all", err)]
-    expected = expected_quantities(
-        x, w, b, meta, gy, all_padding=case.all_padding, bias_rounding=case.bias_rounding
-    )
-    return _judge_all(case, "nonfinite", got, expected, {})
+        return [case.error_row("nonfinite", "all", err)]
+    return _judge(case, "nonfinite", got, _expected(case, x, w, b, gy))
 
 
 def _variants(case: _Case, x, w, b, gy) -> list[tuple[str, list]]:
@@ -449,13 +604,13 @@ def _check_variants(ops, case, operands) -> list[ReportRow]:
     for label, variant in _variants(case, *operands):
         other = dataclasses.replace(case, batch=variant[0].shape[0])
         found = _check_oracle(ops, other, variant, "variants", name=BASELINE)[0]  # no baseline
-        rows += [dataclasses.replace(r, note="; ".join(filter(None, (label, r.note))))
-                 for r in found]  # fmt: skip
+        for r in found:
+            rows.append(dataclasses.replace(r, note="; ".join(filter(None, (label, r.note)))))
     return rows
 
 
 def _check_gradcheck(ops, case) -> list[ReportRow]:
-    meta, name = case.graph.meta, case.graph.name
+    meta = case.graph.meta
     c_out = case.graph.out_channels
     g = torch.Generator().manual_seed(case.seed)
     shapes = ((2, meta.in_channels, meta.n_in), (c_out, meta.in_channels * meta.v), (c_out,))
@@ -469,27 +624,59 @@ def _check_gradcheck(ops, case) -> list[ReportRow]:
 
     try:
         ok = torch.autograd.gradcheck(fn, (x, w, b), raise_exception=False)
-        note = "" if ok else "analytical and numerical Jacobians differ"
     except Exception as err:
-        return [_error_row(name, case.dtype, "gradcheck", "all", err)]
-    return [ReportRow(name, "float64", "gradcheck", "all", bool(ok), note=note)]
+        return [case.error_row("gradcheck", "all", err)]
+    return [case.plain_row("gradcheck", bool(ok), "" if ok else "analytical and numerical "
+                           "Jacobians differ")]  # fmt: skip
 
 
 def _check_determinism(ops, case, operands, first) -> list[ReportRow]:
-    name, dtype = case.graph.name, case.dtype
     try:
         again = _run(ops, case.graph.meta, *operands)
     except Exception as err:
-        return [_error_row(name, dtype, "determinism", "all", err)]
+        return [case.error_row("determinism", "all", err)]
     differ = [q for q in first if not torch.equal(first[q], again[q])]
     note = "" if not differ else "differs between runs: " + ", ".join(differ)
-    return [ReportRow(name, dtype_name(dtype), "determinism", "all", not differ, note=note)]
+    return [case.plain_row("determinism", not differ, note)]
+
+
+def _check_arguments(checks, dtypes, batch, seed, gradcheck_max_inputs, all_padding,
+                     bias_rounding) -> None:  # fmt: skip
+    """``TypeError``/``ValueError`` naming the argument, before anything runs."""
+    for what, value in (("checks", checks), ("dtypes", dtypes)):
+        if isinstance(value, (str, torch.dtype)):
+            raise TypeError(f"{what} must be a sequence, got {value!r} alone: wrap it, "
+                            f"({value!r},)")  # fmt: skip
+    odd = [d for d in dtypes if d not in DTYPES.values()]
+    if odd:
+        raise ValueError(f"dtypes must be among {list(DTYPES)}, got {odd}")
+    unknown = set(checks) - set(CHECKS)
+    if unknown:
+        raise ValueError(f"unknown checks {sorted(unknown)}; choose from {CHECKS}")
+    if not checks or not dtypes:
+        raise ValueError(f"check_ops needs at least one check and one dtype, got checks="
+                         f"{tuple(checks)!r}, dtypes={tuple(dtypes)!r}: an empty battery "
+                         "judges nothing")  # fmt: skip
+    for what, value, high in (
+        ("batch", batch, None),
+        ("seed", seed, 2**62),
+        ("gradcheck_max_inputs", gradcheck_max_inputs, None),
+    ):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}")
+        if value < 0 or (high is not None and value > high):
+            limit = f"in [0, {high}]" if high is not None else ">= 0"
+            raise ValueError(f"{what} must be {limit}, got {value}")
+    if all_padding not in ("bias", "zero"):
+        raise ValueError(f"all_padding must be 'bias' or 'zero', got {all_padding!r}")
+    if bias_rounding not in ("separate", "fused"):
+        raise ValueError(f"bias_rounding must be 'separate' or 'fused', got {bias_rounding!r}")
 
 
 def check_ops(
     ops: Any,
     *,
-    graphs: Iterable[Any] | None = None,
+    graphs: Iterable[Any] | str | None = None,
     dtypes: Sequence[torch.dtype] = tuple(DTYPES.values()),
     device: torch.device | str = "cpu",
     all_padding: AllPadding = "bias",
@@ -503,18 +690,20 @@ def check_ops(
 
     Args:
         ops: an ops object (see the module docstring), or a registered backend's name.
-        graphs: what to check on, one item or a list of them; an item is ``"random"``
-            (:func:`random_graphs`), ``"res18_subset"`` (:data:`RES18_SUBSET`), ``"res18"``
-            (all 20 layers), a res18 layer name, or an object with ``.name``, ``.meta`` and
-            ``.out_channels`` (a :class:`TestGraph`, a geometry ``LayerGraph``). Default:
-            random + res18 subset.
+        graphs: what to check on, one item or a list of them. An item is ``"spanning"`` (the
+            default, :mod:`fovi_ref.check.graphs`), ``"random"`` (the random graphs),
+            ``"res18_subset"`` (:data:`RES18_SUBSET`), ``"res18"`` (all 20 layers), the name
+            of one such graph or res18 layer, or an object with ``.name``, ``.meta`` and
+            ``.out_channels`` (a :class:`TestGraph`, a geometry ``LayerGraph``).
+            :data:`FULL` is the full battery.
         dtypes: the dtypes to run in (gradcheck runs when float64 is among them).
         device: where the graphs and operands live.
         all_padding: the oracle's reading of all-padding nodes: ``"bias"`` (the formula) or
             ``"zero"`` (fovi 2.4.0's layer); see :mod:`fovi_ref.reference`.
         bias_rounding: ``"separate"`` allows ``W x`` to be rounded before the bias is added,
             ``"fused"`` demands one rounding (:mod:`fovi_ref.check.tolerances`, step 2 (d)).
-        batch: batch size of the operands. seed: seeds the operands and the random graphs.
+        batch: batch size of the operands, except on graphs that set their own (the batch
+            axis). seed: seeds the operands and the graphs, per graph name.
         checks: a subset of :data:`CHECKS`.
         gradcheck_max_inputs: gradcheck only graphs whose ``x``, weight and bias hold at most
             this many numbers (it costs two forwards per number).
@@ -522,61 +711,78 @@ def check_ops(
     A graph whose ``supports(meta)`` is False is listed as skipped. An exception from
     the ops is a failed row, not a crash.
     """
+    _check_arguments(checks, dtypes, batch, seed, gradcheck_max_inputs, all_padding,
+                     bias_rounding)  # fmt: skip
     ops = policed(get_ops(ops) if isinstance(ops, str) else ops)
-    if isinstance(checks, str) or isinstance(dtypes, torch.dtype):
-        what = "checks" if isinstance(checks, str) else "dtypes"
-        raise TypeError(f"{what} must be a sequence, got {checks if what == 'checks' else dtypes!r}"
-                        f" alone: wrap it, ({what[:-1]},)")  # fmt: skip
-    odd = [d for d in dtypes if d not in DTYPES.values()]
-    if odd:
-        raise ValueError(f"dtypes must be among {list(DTYPES)}, got {odd}")
-    if isinstance(batch, bool) or not isinstance(batch, numbers.Integral):
-        raise TypeError(f"batch must be an int, got {type(batch).__name__} {batch!r}")
-    unknown = set(checks) - set(CHECKS)
-    if unknown:
-        raise ValueError(f"unknown checks {sorted(unknown)}; choose from {CHECKS}")
-    if not checks or not dtypes:
-        raise ValueError(f"check_ops needs at least one check and one dtype, got checks="
-                         f"{tuple(checks)!r}, dtypes={tuple(dtypes)!r}: an empty battery "
-                         "judges nothing")  # fmt: skip
-    if batch < 0:
-        raise ValueError(f"batch must be >= 0, got {batch}")
     device = torch.device(device)
-    name = getattr(ops, "name", type(ops).__name__)
+    name = ops.name
     report = OpsReport(name)
     supports = getattr(ops, "supports", None)
     resolved = _resolve_graphs(graphs, seed, device)
     if not resolved:
         raise ValueError(f"graphs={graphs!r} names no graph: an empty battery judges nothing")
-    for index, graph in enumerate(resolved):
-        if supports is not None and not supports(graph.meta):
-            m = graph.meta
-            note = f"skipped: not supported (K={m.k}, V={m.v})"
-            report.rows.append(ReportRow(graph.name, "-", "supports", "-", True, note=note))
-            continue
-        for dtype in dtypes:
-            case = _Case(
-                graph, dtype, device, seed + 1000 * index, batch, all_padding,
-                bias_rounding,
-            )  # fmt: skip
-            operands = _operands(case)
-            first = None
-            if "oracle" in checks or "determinism" in checks:
-                rows, first = _check_oracle(ops, case, operands, "oracle", name=name)
-                report.rows += rows if "oracle" in checks else []
-            if "cancellation" in checks:
-                cancelling = _cancelling(case, *operands)
-                report.rows += _check_oracle(ops, case, cancelling, "cancellation", name=name)[0]
-            if "padding" in checks:
-                report.rows += _check_padding(ops, case, operands)
-            if "nonfinite" in checks:
-                report.rows += _check_nonfinite(ops, case, operands)
-            if "variants" in checks and graph.meta.n_out <= VARIANTS_MAX_NODES:
-                report.rows += _check_variants(ops, case, operands)
-            if "determinism" in checks and first is not None:
-                report.rows += _check_determinism(ops, case, operands, first)
-        size = graph.meta.in_channels * (2 * graph.meta.n_in + graph.out_channels * graph.meta.v)
-        if "gradcheck" in checks and torch.float64 in dtypes and size <= gradcheck_max_inputs:
-            case = _Case(graph, torch.float64, device, seed, 2, all_padding, "fused")
-            report.rows += _check_gradcheck(ops, case)
+    options: dict[str, Any] = {"seed": seed}
+    if batch != 3:
+        options["batch"] = batch
+    if all_padding != "bias":
+        options["all_padding"] = all_padding
+    if bias_rounding != "fused":
+        options["bias_rounding"] = bias_rounding
+    with _registered(ops) as door:
+        for graph in resolved:
+            if supports is not None and not supports(graph.meta):
+                m = graph.meta
+                note = f"skipped: not supported (K={m.k}, V={m.v})"
+                report.rows.append(ReportRow(graph.name, "-", "supports", "-", True, note=note))
+                continue
+            graph_checks = (
+                checks if graph.checks is None else [c for c in checks if c in graph.checks]
+            )
+            for dtype in (
+                dtypes if graph.dtypes is None else [d for d in dtypes if d in graph.dtypes]
+            ):
+                case = _Case(
+                    graph, dtype, device, graph_seed(graph.name, seed),
+                    batch if graph.batch is None else graph.batch, all_padding, bias_rounding,
+                    options,
+                )  # fmt: skip
+                report.rows += _run_checks(ops, door, case, graph_checks)
+            size = graph.meta.in_channels * (
+                2 * graph.meta.n_in + graph.out_channels * graph.meta.v
+            )
+            if (
+                "gradcheck" in graph_checks
+                and torch.float64 in dtypes
+                and size <= gradcheck_max_inputs
+            ):
+                case = _Case(graph, torch.float64, device, graph_seed(graph.name, seed), 2,
+                             all_padding, "fused", options)  # fmt: skip
+                report.rows += _check_gradcheck(ops, case)
     return report
+
+
+def _run_checks(ops, door: str, case: _Case, checks: Sequence[str]) -> list[ReportRow]:
+    """Every check but gradcheck on one (graph, dtype)."""
+    operands = _operands(case)
+    rows: list[ReportRow] = []
+    expected = _expected(case, *operands)
+    first = None
+    if "oracle" in checks or "determinism" in checks:
+        found, first = _check_oracle(ops, case, operands, "oracle", name=ops.name,
+                                     expected=expected)  # fmt: skip
+        rows += found if "oracle" in checks else []
+    if "doors" in checks:
+        rows += _check_doors(ops, door, case, operands, expected)
+    if "cancellation" in checks:
+        cancelling = _cancelling(case, *operands)
+        rows += _check_oracle(ops, case, cancelling, "cancellation", name=ops.name)[0]
+    if "padding" in checks:
+        rows += _check_padding(ops, case, operands)
+    if "nonfinite" in checks:
+        rows += _check_nonfinite(ops, case, operands)
+    in_variants = case.graph.name not in _SIZES_ONLY
+    if "variants" in checks and in_variants and case.graph.meta.n_out <= VARIANTS_MAX_NODES:
+        rows += _check_variants(ops, case, operands)
+    if "determinism" in checks and first is not None:
+        rows += _check_determinism(ops, case, operands, first)
+    return rows

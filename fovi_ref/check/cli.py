@@ -5,6 +5,7 @@
     python -m fovi_ref verify --fovi   # fovi 2.4.0's own backends, judged by the same rule
     python -m fovi_ref verify --fovi-model mymodels:small_net   # the same on your own fovi model
     python -m fovi_ref bench  [--device cuda] [--dtype bfloat16] [--batch 64 256] [--repeats 15]
+    python -m fovi_ref check my_backend.py:MyOps [--full]   # judge your own backend
 
 ``verify`` exits non-zero if any check fails. Results go to ``results/`` (git-ignored):
 ``verify.json``, ``bench.json``, ``bench.csv`` and ``bench.png``.
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 from fovi_ref import DTYPES
-from fovi_ref.check import verify
+from fovi_ref.check import check_command, verify
 from fovi_ref.check.bench import boundary, fovi, hub, layers, network, scaling, targets
 from fovi_ref.check.fovi import verify as fovi_verify
 from fovi_ref.check.jobs import LOW_AND_SINGLE, layer_names
@@ -164,7 +165,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--device", type=_device, help="torch device to run on: cpu or cuda (default: cpu)"
     )
-    sub = p.add_subparsers(dest="command", title="subcommands", metavar="{verify,bench}")
+    sub = p.add_subparsers(dest="command", title="subcommands", metavar="{verify,bench,check}")
     v = sub.add_parser(
         "verify",
         help="every backend on every layer vs the float64 oracle",
@@ -265,6 +266,7 @@ def parser() -> argparse.ArgumentParser:
         help="instead: hub graphs (every output reads one input, fan-out 1k to 32k): the time "
         "to derive general's plans, and general against fovi's einsum",
     )
+    check_command.add_parser(sub, _HelpFormatter)
     for sp in (v, b):
         sp.add_argument(
             "--out", default=argparse.SUPPRESS, help="as the top-level --out (default: results)"
@@ -298,6 +300,8 @@ def _job(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, str
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    if args.command == "check":  # its --out is a file, and it takes no other job's options
+        return check_command.run(args)
     _check_before_running(p, args)
     if args.command is None:  # the bare command: verify, then a short bench if it passed
         args.command, args.fovi = "verify", False

@@ -69,7 +69,18 @@ kinds of error:
     - ``grad_bias``: none (one reduction of ``grad_y``).
 
     A term meeting ``h`` such roundings is off by at most ``gamma_h(u) |t|``: together
-    ``gamma_h(u) * M_s``;
+    ``gamma_h(u) * M_s``.
+
+    *Where that allowance is vacuous.* For ``grad_x`` at a high fan-out, ``gamma_F(u) M_s`` can
+    reach ``|ref|`` itself (in bfloat16 from a few dozen readers when the sum cancels as random
+    signs do, everywhere past 150 readers; ``gamma`` is infinite from ``F u >= 1``, 256
+    readers), and then a zeroed or sign-flipped gradient would pass. Such an element is judged
+    instead by the rule every fovi_ref backend keeps on every device (the deterministic
+    segment sum accumulates in float32 and rounds once): ``grad_z`` stored once in the
+    working dtype, its scatter accumulated in float32, the result rounded once, i.e. the same
+    bound with ``h = 1``. A backend that adds 16-bit atomics one reader at a time (CUDA's
+    ``index_add_``) fails there, and rightly: such a sum can lose every reader's contribution
+    but the first few. The row says how many elements this rule judged;
 
 (d) *the bias, added after the GEMM* (``bias_rounding="separate"``). An implementation may
     store the GEMM's result and add the bias in a second pass, ``fl(fl(W x) + b)``: one more
@@ -156,7 +167,7 @@ from fovi_ref.check.magnitude import (
     shared_cell_meta,
 )
 from fovi_ref.check.operands import QUANTITIES
-from fovi_ref.reference import AllPadding
+from fovi_ref.reference import AllPadding, check_shapes
 
 __all__ = [
     "ACCUMULATION",
@@ -170,6 +181,7 @@ __all__ = [
     "gamma",
     "judge_elementwise",
     "relative_error",
+    "vacuous_stores",
 ]
 
 BiasRounding = Literal["separate", "fused"]
@@ -247,6 +259,7 @@ def expected_quantities(
     """
     if bias_rounding not in ("separate", "fused"):
         raise ValueError(f"bias_rounding must be 'separate' or 'fused', got {bias_rounding!r}")
+    check_shapes(x, weight, bias, meta, grad_y)
     batch, c_out = x.shape[0], weight.shape[0]
     ref = oracle_quantities(x, weight, bias, meta, grad_y, all_padding=all_padding)
     mag = knn_conv_magnitude(x, weight, bias, meta, grad_y, all_padding=all_padding)
@@ -283,6 +296,18 @@ def expected_quantities(
     return out
 
 
+def vacuous_stores(expected: Expected, dtype: torch.dtype) -> torch.Tensor:
+    """Elements (bool, broadcast to the quantity's shape) where more than one stored rounding
+    allows an error as large as the result, ``gamma_h(u) M_s >= |ref|``: judged with ``h = 1``
+    (step 2 (c), "Where that allowance is vacuous"). None in float32 and float64."""
+    shape = expected.value.shape
+    if ACCUMULATION[dtype] == dtype:
+        return torch.zeros(shape, dtype=torch.bool, device=expected.value.device)
+    g_store = gamma(expected.stores, UNIT_ROUNDOFF[dtype])
+    vacuous = (expected.stores > 1) & (g_store * expected.stored >= expected.value.abs())
+    return vacuous.expand(shape)
+
+
 def error_bound(expected: Expected, dtype: torch.dtype) -> torch.Tensor:
     """The elementwise bound of the module docstring for a result computed in ``dtype``."""
     u, eta = UNIT_ROUNDOFF[dtype], HALF_SUBNORMAL[dtype]
@@ -293,7 +318,8 @@ def error_bound(expected: Expected, dtype: torch.dtype) -> torch.Tensor:
     if acc == dtype:  # step 1: one precision throughout
         return gamma(n, u) * m + n * eta + oracle
     u_acc, eta_acc = UNIT_ROUNDOFF[acc], HALF_SUBNORMAL[acc]
-    g_store = gamma(expected.stores, u)
+    stores = torch.where(vacuous_stores(expected, dtype), 1.0, expected.stores)
+    g_store = gamma(stores, u)
     inner = g_store * expected.stored + (1 + g_store) * gamma(n, u_acc) * m + n * eta_acc
     return u * expected.value.abs() + eta * (1 + expected.product_stores) + (1 + u) * inner + oracle
 
@@ -310,7 +336,8 @@ class Verdict:
             element with bound 0 is off at all).
         max_abs_error: ``max |value - ref|`` over finite elements.
         worst_index: where ``ratio`` was found (``None`` if nothing was compared).
-        worst_error, worst_bound, worst_ref, worst_magnitude: that element's figures.
+        worst_error, worst_bound, worst_ref, worst_magnitude, worst_value: that element's
+            figures (``worst_value`` the result's own).
         nonfinite_mismatches: elements whose finiteness differs from the oracle's.
         baseline_ratio, baseline_max_abs_error: the same figures for the baseline (reported,
             not judged), or ``None``.
@@ -332,6 +359,7 @@ class Verdict:
     baseline_max_abs_error: float | None = None
     notes: tuple[str, ...] = ()
     ok: bool = field(default=False)
+    worst_value: float | None = None
 
     def __str__(self) -> str:
         where = "" if self.worst_index is None else f" at {list(self.worst_index)}"
@@ -348,7 +376,8 @@ class Verdict:
 
 
 def _ratios(value: torch.Tensor, expected: Expected, dtype: torch.dtype):
-    """``(ratio, error, bound, mismatches)``: elementwise ratio on finite elements (0 elsewhere)."""
+    """``(ratio, error, bound, mismatched)``: elementwise ratio on finite elements (0 elsewhere),
+    and where finiteness differs from the oracle's."""
     ref = expected.value
     v = value.detach().to(device=ref.device, dtype=torch.float64)
     bound = error_bound(expected, dtype).expand_as(ref)
@@ -358,12 +387,12 @@ def _ratios(value: torch.Tensor, expected: Expected, dtype: torch.dtype):
     biggest = torch.finfo(dtype).max
     threshold = biggest + math.ldexp(UNIT_ROUNDOFF[dtype], math.frexp(biggest)[1] - 1)
     may_overflow = finite_ref & (expected.magnitude.expand_as(ref) >= threshold)
-    mismatches = int(((finite_ref != finite_v) & ~(may_overflow & ~finite_v)).sum())
+    mismatched = (finite_ref != finite_v) & ~(may_overflow & ~finite_v)
     both = finite_ref & finite_v
     error = torch.where(both, (v - ref).abs(), 0.0)
     safe = torch.where(bound > 0, bound, 1.0)
     ratio = torch.where(bound > 0, error / safe, torch.where(error > 0, math.inf, 0.0))
-    return ratio, error, bound, mismatches
+    return ratio, error, bound, mismatched
 
 
 def judge_elementwise(
@@ -395,16 +424,27 @@ def judge_elementwise(
             expected.name, dtype, math.inf, math.inf, None, math.inf, 0.0, 0.0, 0.0, 0,
             notes=tuple(notes), ok=False,
         )  # fmt: skip
-    ratio, error, bound, mismatches = _ratios(value, expected, dtype)
+    ratio, error, bound, mismatched = _ratios(value, expected, dtype)
+    mismatches = int(mismatched.sum())
+    worst_value = None
     if ratio.numel() == 0:
         worst, worst_ratio, max_abs = None, 0.0, 0.0
         figures = (0.0, 0.0, 0.0, 0.0)
     else:
-        flat = int(torch.argmax(ratio)) if bool(ratio.max() > 0) else int(torch.argmax(bound))
+        if mismatches and bool(ratio.max() <= 1):  # what fails is a non-finite mismatch
+            flat = int(mismatched.flatten().nonzero()[0])
+        elif bool(ratio.max() > 0):
+            flat = int(torch.argmax(ratio))
+        else:
+            flat = int(torch.argmax(bound))
         worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), ratio.shape))
         worst_ratio, max_abs = float(ratio.max()), float(error.max())
         magnitude = expected.magnitude.expand_as(expected.value)
         figures = tuple(float(t[worst]) for t in (error, bound, expected.value, magnitude))
+        worst_value = float(value[worst])
+        vacuous = int(vacuous_stores(expected, dtype).sum())
+        if vacuous:
+            notes.append(f"{vacuous} elements judged with h = 1 (the h-store bound reaches |ref|)")
     base_ratio = base_abs = None
     if baseline is not None and tuple(baseline.shape) == tuple(expected.value.shape):
         b_ratio, b_error, _, _ = _ratios(baseline, expected, dtype)
@@ -413,7 +453,7 @@ def judge_elementwise(
     ok = worst_ratio <= 1 and mismatches == 0 and (any_dtype or value.dtype == dtype)
     return Verdict(
         expected.name, dtype, worst_ratio, max_abs, worst, *figures, mismatches, base_ratio,
-        base_abs, tuple(notes), ok,
+        base_abs, tuple(notes), ok, worst_value,
     )  # fmt: skip
 
 

@@ -1,0 +1,76 @@
+"""``python -m fovi_ref check``: a validator's front door, and its exit status."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+
+import pytest
+
+from fovi_ref.check.cli import main
+
+QUICK = ["--graphs", "nout_65", "--dtypes", "float64", "--checks", "oracle", "doors"]
+
+WRONG_PAST_64 = '''
+from fovi_ref import get_ops
+
+
+class WrongPast64:
+    """general, with y 1% off where Nout > 64 (right on every graph of the old battery)."""
+
+    name = "wrong_past_64"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        y = get_ops("general").forward(meta, x, weight, bias)
+        return y * 1.01 if meta.n_out > 64 else y
+
+    @staticmethod
+    def grad_input(meta, grad_y, weight):
+        return get_ops("general").grad_input(meta, grad_y, weight)
+
+    @staticmethod
+    def grad_weight(meta, grad_y, x):
+        return get_ops("general").grad_weight(meta, grad_y, x)
+
+
+class NoGradients:
+    name = "no_gradients"
+
+    forward = WrongPast64.forward
+'''
+
+
+@pytest.fixture
+def backend_file(tmp_path):
+    path = tmp_path / "my_backend.py"
+    path.write_text(textwrap.dedent(WRONG_PAST_64))
+    return path
+
+
+def test_a_registered_backend_and_a_module_object_pass_with_exit_0(capsys, tmp_path):
+    out = tmp_path / "report.json"
+    assert main(["check", "general", *QUICK, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("check 'general': protocol PASS; graphs nout_65")
+    assert "oracle 3/3, doors 4/4" in text and ": PASS in " in text
+    assert json.loads(out.read_text())["ok"] is True
+    assert main(["check", "fovi_ref.knn_general:GeneralOps", *QUICK]) == 0
+
+
+def test_a_wrong_backend_from_a_file_fails_with_exit_1_naming_the_element(capsys, backend_file):
+    assert main(["check", f"{backend_file}:WrongPast64", *QUICK]) == 1
+    text = capsys.readouterr().out
+    assert "nout_65" in text and "FAIL" in text and "at y[" in text and "(node " in text
+    assert "replay: check_ops(ops, graphs=['nout_65'], dtypes=[torch.float64]" in text
+    assert re.search(r"\d+ failed \(1 graphs\): FAIL in \d+ s$", text.rstrip())
+
+
+def test_the_protocol_is_checked_first_and_a_bad_object_exits_2(capsys, backend_file):
+    assert main(["check", f"{backend_file}:NoGradients", *QUICK]) == 1
+    assert capsys.readouterr().out.startswith("protocol: FAIL: ops 'no_gradients': grad_input")
+    assert main(["check", f"{backend_file}:Missing"]) == 2
+    assert "has no 'Missing'" in capsys.readouterr().out
+    assert main(["check", "no_such_backend"]) == 2
+    assert "expected FILE.py:NAME or MODULE:NAME" in capsys.readouterr().out
