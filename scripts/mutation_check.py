@@ -120,7 +120,7 @@ class Mutant:
         self._metas: dict[tuple[int, str], tuple[KNNMeta, KNNMeta | None]] = {}
         if hasattr(inner, "supports"):
             self.supports = inner.supports
-        if kind == "plain_forward_wrong":  # the operand pair right, the plain forward wrong
+        if kind in ("plain_forward_wrong", "grad_weight_from_x_wrong"):  # the pair right
             self.forward_with_operand = inner.forward_with_operand
             self.grad_weight_of_operand = inner.grad_weight_of_operand
 
@@ -187,6 +187,7 @@ class Mutant:
             y = y + bias[:, None]
         wrong_here = {
             "off_past_64_nodes": meta.n_out > 64,
+            "off_past_16_cells": meta.v > 16,
             "off_at_one_channel": meta.in_channels == 1,
             "plain_forward_wrong": True,
         }
@@ -218,7 +219,15 @@ class Mutant:
         return grad_x
 
     def grad_weight(self, meta, grad_y, x):
-        return self.inner.grad_weight(self._graph(meta), grad_y, x)
+        grad_w = self.inner.grad_weight(self._graph(meta), grad_y, x)
+        off = {
+            "grad_weight_off_past_batch_64": x.shape[0] > 64,
+            "grad_weight_from_x_wrong": True,  # the compiled door's; the eager one's is right
+        }
+        if off.get(self.kind):
+            self.applied = True
+            grad_w = grad_w * 1.01
+        return grad_w
 
 
 MUTATIONS = {
@@ -244,6 +253,9 @@ MUTATIONS = {
     "last_input_grad_x_zeroed": "grad_x of the last input zeroed",
     "bf16_grad_x_zeroed": "bfloat16 grad_x zeroed on inputs 150 or more outputs read",
     "bf16_grad_x_flipped": "bfloat16 grad_x sign-flipped on inputs 150 or more outputs read",
+    "off_past_16_cells": "y off by 1% where V > 16",
+    "grad_weight_off_past_batch_64": "grad_weight off by 1% past batch 64",
+    "grad_weight_from_x_wrong": "grad_weight from x off by 1% (the operand pair right)",
 }
 
 

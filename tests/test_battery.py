@@ -47,6 +47,9 @@ CAUGHT_BY = {
     "last_input_grad_x_zeroed": ("nout_31", F64, "oracle"),
     "bf16_grad_x_zeroed": ("hub_150", BF16, "oracle"),
     "bf16_grad_x_flipped": ("hub_150", BF16, "oracle"),
+    "off_past_16_cells": ("v_17", F64, "oracle"),
+    "grad_weight_off_past_batch_64": ("batch_65", F64, "oracle"),
+    "grad_weight_from_x_wrong": ("base", F64, "doors"),
 }
 
 

@@ -46,7 +46,8 @@ The default battery spans the sizes where kernels go wrong, one axis at a time (
 Cin, Cout and batch at 1 and around 32, 64, 128; K up to 40; V past 16; inputs read by 40,
 150 and 1,100 outputs; the first and last input; padding; one channel): about
 {DEFAULT_SECONDS} s on 2 cores for a plain-PyTorch backend. --full adds the random graphs and
-all 20 fovi-resnet18 layers: about {FULL_SECONDS // 60} min.
+a fovi-resnet18 layer of each kind (K=1, K=2/V=4, K=9/V=9): about {FULL_SECONDS // 60} min.
+--graphs res18 judges all 20 layers.
 
 A failing row gives the worst element's index and what the graph makes of it, its value, the
 oracle's and the bound, and a replay: the check_ops call that runs that case alone. Exits 0
@@ -66,8 +67,8 @@ def add_parser(sub: Any, formatter_class: type) -> argparse.ArgumentParser:
     c.add_argument(
         "--full",
         action="store_true",
-        help=f"the full battery: spanning, random and all res18 graphs (~{FULL_SECONDS // 60} "
-        "min on 2 cores)",
+        help=f"the full battery: spanning, random and res18_subset (~{FULL_SECONDS // 60} min "
+        "on 2 cores)",
     )
     c.add_argument(
         "--graphs",
