@@ -7,7 +7,9 @@ It reaches the op only through the op's public names; the op never imports it.
 - :mod:`~fovi_ref.check.protocol`: the backend protocol checked and policed from outside.
 - :mod:`~fovi_ref.check.magnitude`, :mod:`~fovi_ref.check.tolerances`: what "close enough to the
   float64 oracle" means, element by element.
-- :mod:`~fovi_ref.check.check_ops`: the conformance battery for any ops object.
+- :mod:`~fovi_ref.check.graphs`, :mod:`~fovi_ref.check.check_ops`: the conformance battery for
+  any ops object, and the graphs it spans; :mod:`~fovi_ref.check.check_command`: the same from
+  a shell, ``python -m fovi_ref check FILE.py:OBJECT``.
 - :mod:`~fovi_ref.check.verify`: every backend on every layer, the ``verify`` table.
 - :mod:`~fovi_ref.check.fovi`: fovi 2.4.0 run through its own code and judged.
 - :mod:`~fovi_ref.check.network`: the fovi-resnet18 trunk built from ``KNNConv`` layers.
