@@ -284,3 +284,10 @@ def test_the_oracle_and_the_tolerance_rule_name_a_mismatched_operand():
         verify_meta("mine", None, 3)
     with pytest.raises(ValueError, match="out_channels must be >= 1, got -2"):
         verify_meta("mine", meta, -2)
+
+
+def test_an_unknown_graph_name_or_device_is_refused_by_name():
+    with pytest.raises(ValueError, match="graphs: unknown graph 'no_such_graph'; an item is"):
+        check_ops("general", graphs=["no_such_graph"])
+    with pytest.raises(ValueError, match="device: "):
+        check_ops("general", graphs=["base"], device="gpu7")

@@ -165,7 +165,14 @@ def _graph_item(item: Any, seed: int, device: torch.device) -> list[TestGraph]:
         randoms = {g.name: g for g in random_graphs(seed=seed, device=device)}
         if item in randoms:
             return [randoms[item]]
-        return res18_graphs([item], device=device)
+        try:
+            return res18_graphs([item], device=device)
+        except KeyError:  # the geometry's UnknownLayerError
+            raise ValueError(
+                f"graphs: unknown graph {item!r}; an item is 'spanning', 'random', "
+                f"'res18_subset', 'res18', a spanning graph ({', '.join(SPANNING[:3])}, ...), a "
+                "random graph (random_k1_v1, ...) or a res18 layer (layer4.1.conv1, ...)"
+            ) from None
     if isinstance(item, KNNMeta):
         raise TypeError(
             "graphs: a bare KNNMeta has no name or output channel count; pass "
@@ -716,7 +723,10 @@ def check_ops(
     _check_arguments(checks, dtypes, batch, seed, gradcheck_max_inputs, all_padding,
                      bias_rounding)  # fmt: skip
     ops = policed(get_ops(ops) if isinstance(ops, str) else ops)
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device: {err}") from None
     name = ops.name
     report = OpsReport(name)
     supports = getattr(ops, "supports", None)
