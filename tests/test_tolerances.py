@@ -420,3 +420,23 @@ def test_float64_subnormal_rounding_is_allowed():
     one_off = torch.tensor([[5 * unit]], dtype=torch.float64)  # exact 4.2 units, one rounding up
     assert judge_elementwise(one_off, expected).ok
     assert not judge_elementwise(torch.tensor([[10 * unit]], dtype=torch.float64), expected).ok
+
+
+@pytest.mark.parametrize("dtype,readers", [(torch.bfloat16, 128), (torch.float16, 1024)])
+def test_the_store_allowance_is_replaced_by_h_1_exactly_where_it_reaches_the_magnitude(
+    dtype, readers
+):
+    """gamma_F(u) >= 1 from F u >= 1/2: there the h-store allowance would pass any value within
+    M of ref (a zeroed grad_x included); those elements, and no others, are judged with h = 1."""
+    from fovi_ref.check.graphs import spanning_graph
+    from fovi_ref.check.operands import sample_operands
+    from fovi_ref.check.tolerances import vacuous_stores
+
+    meta = spanning_graph("hub_1100").meta
+    x, w, b, gy = sample_operands(meta, 2, batch=2, dtype=dtype)
+    expected = expected_quantities(x, w, b, meta, gy)["grad_x"]
+    fan_out = torch.bincount(meta.knn[~meta.pad_mask], minlength=meta.n_in)  # [Nin]
+    want = (fan_out >= readers).expand(2, meta.in_channels, -1)
+    assert want.any() and not want.all()
+    assert torch.equal(vacuous_stores(expected, dtype), want)
+    assert not vacuous_stores(expected, torch.float32).any()
