@@ -441,8 +441,8 @@ def judge_elementwise(
         worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), ratio.shape))
         worst_ratio, max_abs = float(ratio.max()), float(error.max())
         magnitude = expected.magnitude.expand_as(expected.value)
-        figures = tuple(float(t[worst]) for t in (error, bound, expected.value, magnitude))
-        worst_value = float(value[worst])
+        figures = tuple(float(t.detach()[worst]) for t in (error, bound, expected.value, magnitude))
+        worst_value = float(value.detach()[worst])
         vacuous = int(vacuous_stores(expected, dtype).sum())
         if vacuous:
             notes.append(f"{vacuous} elements judged with h = 1 (the h-store bound reaches M)")
