@@ -5,7 +5,8 @@ kernel_backend="gather_gemm" (the choice of fovi's dispatcher for such layers on
 a float64 grad_weight holding float32 numbers: errors of float32 size (about 1e-7 relative)
 where float64 arithmetic gives about 1e-16. Its grad_x is float64 throughout.
 Where: fovi/arch/knn_gather_gemm.py, GatherGemmOps.grad_weight, which ends with
-dw.to(torch.float32); KNNConvFunction.backward then casts the result back to float64.
+dw.to(torch.float32); then fovi/arch/knn_autograd.py, KNNConvFunction.backward casts the result
+back to float64.
 Expected: a float64 gradient, as fovi's baseline gives it.
 Measured: the line this prints (the worst element; the error against the error bound of a
 float64 sum, n u sum|terms|, with n at least the length of every sum).
