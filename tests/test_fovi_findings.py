@@ -93,7 +93,7 @@ def test_each_script_is_standalone_short_and_names_fovis_code(name):
             imported.add(node.module.split(".")[0])
     assert imported - sys.stdlib_module_names <= {"torch", "fovi"}, imported
     code_lines = [ln for ln in source.splitlines()[tree.body[0].end_lineno :] if ln.strip()]
-    assert len(code_lines) <= 46, len(code_lines)
+    assert len(code_lines) <= 40, len(code_lines)
     doc = ast.get_docstring(tree)
     for part in ("What:", "Where:", "Expected:", "Measured:", "Suggested fix:"):
         assert part in doc, part

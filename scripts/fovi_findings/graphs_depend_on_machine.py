@@ -36,31 +36,24 @@ if len(sys.argv) == 3:  # the child: build the stem, save its graph and its floa
         64, 16, 0.5, 2, auto_match_cart_resources=0, in_cart_res=64, device="cpu"
     )  # KNNResNet's defaults for its stem
     stem = KNNConvLayer(3, 64, 49, i, o, device="cpu").double()
-    x, w = torch.load(sys.argv[1])  # the same input and weights for both builds
+    x, w = torch.load(os.path.join(sys.argv[1], "in.pt"))  # the same input and weights for both
     with torch.no_grad():
         stem.weight.copy_(w)
     v = stem.local_rf.shape[2]  # each (neighbour, cell) pair as one number, sorted per node
     pairs = (stem.knn_indices_pad_token.t() * v + stem.local_rf.argmax(2)).sort(1).values
-    torch.save((pairs, stem(x).detach()), sys.argv[2])  # pairs: [Nout, K]
+    torch.save((pairs, stem(x).detach()), os.path.join(sys.argv[1], f"{sys.argv[2]}.pt"))
     sys.exit(0)
-runs, g = [], torch.Generator().manual_seed(0)
+g = torch.Generator().manual_seed(0)
+x = torch.randn(1, 3, 5977, dtype=torch.float64, generator=g)
+w = torch.randn(64, 3 * 49, dtype=torch.float64, generator=g) / 12  # a kaiming-like scale
+settings = [{}, {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}]
 with tempfile.TemporaryDirectory() as tmp:
-    operands = os.path.join(tmp, "in.pt")
-    torch.save(
-        (
-            torch.randn(1, 3, 5977, dtype=torch.float64, generator=g),
-            torch.randn(64, 3 * 49, dtype=torch.float64, generator=g) / 12,
-        ),
-        operands,
-    )
-    for n, extra in enumerate([{}, {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}]):
-        out = os.path.join(tmp, f"{n}.pt")
-        subprocess.run(
-            [sys.executable, __file__, operands, out], env={**os.environ, **extra}, check=True
-        )
-        runs.append(torch.load(out))
-(pairs_a, y_a), (pairs_b, y_b) = runs
-flipped = int((pairs_a != pairs_b).any(1).sum())
+    torch.save((x, w), os.path.join(tmp, "in.pt"))
+    for n, extra in enumerate(settings):
+        env = {**os.environ, **extra}
+        subprocess.run([sys.executable, __file__, tmp, str(n)], env=env, check=True)
+    (pairs_a, y_a), (pairs_b, y_b) = (torch.load(os.path.join(tmp, f"{n}.pt")) for n in (0, 1))
+flipped = int((pairs_a != pairs_b).any(1).sum())  # nodes whose (neighbour, cell) pairs differ
 difference = float((y_a - y_b).abs().max() / y_a.abs().max())
 print(
     f"stem graph, nodes that differ: expected 0 actual {flipped} of {pairs_a.shape[0]} "
