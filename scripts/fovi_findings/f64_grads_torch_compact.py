@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from fovi.arch.knn import KNNConvLayer, get_in_out_coords
 
 warnings.filterwarnings("ignore", message="torch.meshgrid")  # fovi's own, at construction
+torch.manual_seed(0)  # the layer's initial weight
 inputs, outputs, _ = get_in_out_coords(4, 16, 0.5, 1, auto_match_cart_resources=0, device="cpu")
 layer = KNNConvLayer(2, 3, 9, inputs, outputs, device="cpu", kernel_backend="torch_compact")
 layer = layer.double()  # 16 nodes -> 16 nodes, 9 neighbours each, 9 cells
