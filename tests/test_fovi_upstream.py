@@ -206,6 +206,9 @@ def test_verify_fovi_judges_by_the_elementwise_rule_and_says_which_side_fails(la
     assert {c.route for c in checks} == {"gather_gemm"}
     table = upstream.format_fovi_table(checks)
     assert "torch_cached" in table and "float64 gradient accumulated in float32" in table
+    assert "reproducer: scripts/fovi_findings/f64_grads_torch_compact.py" in table
+    assert "reproducer: scripts/fovi_findings/f64_grad_weight_gather_gemm.py" in table
+    assert "reproducer: scripts/fovi_findings/f64_grad_bias.py" in table
     assert max(len(line) for line in table.splitlines()) <= 100
     record = upstream.fovi_record(checks)
     assert record["failed"] == len({(b, d) for b, d, _ in failed})
@@ -565,6 +568,7 @@ def test_fovis_graphs_built_under_another_arithmetic_differ_only_on_ties(finding
         assert finding.output_difference > 1e-6
     summary = finding.summary()
     assert f"{finding.n_flips} nodes" in summary and "not ties" in summary
+    assert "scripts/fovi_findings/graphs_depend_on_machine.py" in summary
     record = upstream.finding_record(finding)
     assert record["flips_outside_ties"] == 0 and record["settings"] == ["as is", "MKL SSE4.2"]
 
@@ -582,3 +586,4 @@ def test_verify_fovi_reports_fovis_float16_overflow_where_the_answer_is_finite()
     assert "fovi_ref general" not in finding.overflowing
     assert abs(finding.results["fovi_ref general"] - finding.exact) <= 2**-11 * finding.exact
     assert "inf where the answer is finite" in finding.summary()
+    assert "reproducer: scripts/fovi_findings/f16_cell_sum_overflow.py" in finding.summary()

@@ -93,6 +93,7 @@ from fovi_ref.check.fovi.backends import (
 )
 from fovi_ref.check.fovi.load import (
     BACKEND_ENV,
+    FINDINGS_DIR,
     FOVI_VERSION,
     INFERENCE_ONLY,
     INSTALL_HINT,
@@ -130,6 +131,7 @@ from fovi_ref.check.fovi.verify import (
     FoviCheck,
     FoviFinding,
     OverflowFinding,
+    finding_scripts,
     format_fovi_table,
     fovi_findings,
     fovi_record,
@@ -155,6 +157,7 @@ __all__ = [
     "fovi_ops",
     "to_fovi_meta",
     "BACKEND_ENV",
+    "FINDINGS_DIR",
     "FOVI_VERSION",
     "INFERENCE_ONLY",
     "INSTALL_HINT",
@@ -186,6 +189,7 @@ __all__ = [
     "FoviCheck",
     "FoviFinding",
     "format_fovi_table",
+    "finding_scripts",
     "fovi_findings",
     "fovi_record",
     "fovi_rows",

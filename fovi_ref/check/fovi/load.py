@@ -20,6 +20,7 @@ from fovi_ref import KNNMeta
 
 __all__ = [
     "BACKEND_ENV",
+    "FINDINGS_DIR",
     "FOVI_VERSION",
     "INFERENCE_ONLY",
     "INSTALL_HINT",
@@ -43,6 +44,13 @@ FOVI_VERSION = "2.4.0"
 BACKEND_ENV = "FOVI_KNN_BACKEND"
 """fovi's override: a backend named here replaces every layer's ``kernel_backend``."""
 PATHS = ("layer", "function", "direct")
+
+FINDINGS_DIR = "scripts/fovi_findings"
+"""Where each finding about fovi 2.4.0 has its reproducer, relative to the repository root: one
+standalone script per defect that imports only torch and fovi, builds the smallest input showing
+it, prints expected against actual and exits 1 while the defect is present (its docstring is the
+issue text for fovi; ``README.md`` there is the index, ``tests/test_fovi_findings.py`` runs
+them)."""
 
 INSTALL_HINT = "pip install --no-deps -r scripts/fovi-requirements.txt"
 # Backends living in fovi's ops registry (``KNNConvFunction`` runs them); the module whose import

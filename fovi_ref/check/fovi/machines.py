@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from fovi_ref.check.fovi.load import require_fovi
+from fovi_ref.check.fovi.load import FINDINGS_DIR, require_fovi
 from fovi_ref.geometry import (
     LayerGraph,
     layer_graph,
@@ -174,6 +174,7 @@ class MachineFinding:
             f"SGD losses after {_STEPS} steps: {a.losses[-1]:.4f} vs {b.losses[-1]:.4f}.",
             "fovi_ref: KNNConv keeps its graph in its state_dict, and",
             "resnet18_layers(arithmetic='exact') builds the same graph on every machine.",
+            f"reproducer (torch and fovi only): {FINDINGS_DIR}/graphs_depend_on_machine.py",
         ]
         return "\n".join(lines)
 

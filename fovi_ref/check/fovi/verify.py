@@ -23,8 +23,10 @@ from fovi_ref.check.fovi.backends import (
     fovi_forward_and_grads,
 )
 from fovi_ref.check.fovi.load import (
+    FINDINGS_DIR,
     FOVI_VERSION,
     INFERENCE_ONLY,
+    REGISTRY_MODULES,
     FoviLayer,
     FoviUnavailable,
     FoviVersionError,
@@ -47,6 +49,7 @@ __all__ = [
     "FoviFinding",
     "format_fovi_table",
     "load_model_factory",
+    "finding_scripts",
     "fovi_findings",
     "fovi_record",
     "fovi_rows",
@@ -215,6 +218,7 @@ class OverflowFinding:
         if self.overflowing:
             lines.append(f"  fovi: {', '.join(self.overflowing)} store the cell sum (80000) in "
                          "float16 before the GEMM:\n  inf where the answer is finite")  # fmt: skip
+            lines.append(f"  reproducer: {FINDINGS_DIR}/f16_cell_sum_overflow.py")
         return "\n".join(lines)
 
 
@@ -329,6 +333,29 @@ def fovi_findings(checks: Sequence[FoviCheck]) -> list[FoviFinding]:
     ]
 
 
+# fovi's backends that round W x to the working dtype and then add the bias
+_BIAS_ROUNDED_TWICE = ("torch_compact", "gather_gemm", "torch_cached", "torch_scatter")
+
+
+def finding_scripts(finding: FoviFinding) -> list[str]:
+    """The reproducers (file names in :data:`FINDINGS_DIR`) of one group of failures, by the
+    code in fovi each one names: empty where no script reproduces that group yet."""
+    backend, quantities, reason = finding.backend, set(finding.quantities), finding.reason
+    scripts = []
+    if "accumulated in float32" in reason:
+        if backend == "torch_compact" and quantities & {"grad_x", "grad_weight"}:
+            scripts.append("f64_grads_torch_compact.py")  # CompactTorchOps.grad_*
+        if backend == "gather_gemm" and "grad_weight" in quantities:
+            scripts.append("f64_grad_weight_gather_gemm.py")  # GatherGemmOps.grad_weight
+        if backend in REGISTRY_MODULES and "grad_bias" in quantities:
+            scripts.append("f64_grad_bias.py")  # KNNConvFunction.backward
+    elif "partial sums rounded" in reason and backend == "torch_compact":
+        scripts.append("half_grad_weight_partial_sums.py")  # CompactTorchOps.grad_weight
+    elif "before the bias is added" in reason and backend in _BIAS_ROUNDED_TWICE:
+        scripts.append("half_bias_double_rounding.py")
+    return scripts
+
+
 def fovi_rows(checks: Sequence[FoviCheck]) -> list[dict]:
     """One row per layer x fovi backend: per dtype the verdict over its quantities, the worst
     quantity, its ratio (error / bound of the worst element) and fovi baseline's ratio; fovi's
@@ -388,6 +415,10 @@ def format_fovi_table(checks: Sequence[FoviCheck]) -> str:
                 f"    {f.backend} {f.dtype} {' '.join(f.quantities)} "
                 f"({f.layers} layer{'s' * (f.layers != 1)}, worst {_ratio_text(f.worst_ratio)})"
             )
+        scripts = dict.fromkeys(s for f in group for s in finding_scripts(f))
+        if any(not finding_scripts(f) for f in group):
+            lines.append("    reproducer: none yet for some of these groups")
+        lines.extend(f"    reproducer: {FINDINGS_DIR}/{script}" for script in scripts)
     return "\n".join(lines)
 
 
@@ -449,15 +480,6 @@ def run_fovi(args) -> int:
     print("auto: fovi's dispatcher choice with gradients on; route: fovi_ref's for the graph")
     print("a FAIL is fovi's result outside the bound; the lines below it say why\n")
     print(format_fovi_table(checks))
-    # Graphs are built on the CPU whatever the device, so this finding is the CPU's.
-    finding = machine_finding()
-    print(f"\n{finding.summary()}")
-    overflow = overflow_finding(device)
-    print(f"\n{overflow.summary()}")
-    record = fovi_record(checks, torch=torch.__version__, device=str(device), batch=args.batch)
-    record["machine_finding"] = finding_record(finding)
-    record["overflow_finding"] = {**vars(overflow), "overflowing": overflow.overflowing}
-
     record = fovi_record(checks, torch=torch.__version__, device=str(device), batch=args.batch)
     name = "verify_fovi.json"
     if spec:
@@ -466,6 +488,9 @@ def run_fovi(args) -> int:
         finding = machine_finding()
         print(f"\n{finding.summary()}")
         record["machine_finding"] = finding_record(finding)
+    overflow = overflow_finding(device)
+    print(f"\n{overflow.summary()}")
+    record["overflow_finding"] = {**vars(overflow), "overflowing": overflow.overflowing}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(json.dumps(record, indent=1))
