@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -199,8 +198,8 @@ def test_the_floor_per_cell_runs_exactly_the_occupied_products():
     assert len(contenders.gemm_floor(inputs, trials=1, cells=True)()) == 4  # 3 products, grad_x
 
 
-def test_readme_states_the_empty_cell_shares_the_bench_computes():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_the_bench_guide_states_the_empty_cell_shares_the_bench_computes():
+    guide = " ".join(bench.__doc__.split())  # help(fovi_ref.check.bench), line breaks aside
     layer1, layer4 = (empty_cell_share(get_layer(name).meta) for name in
                       ("layer1.0.conv1", "layer4.0.conv2"))  # fmt: skip
-    assert f"({layer1:.0%} on layer1, {layer4:.0%} on layer4.0.conv2)" in readme
+    assert f"({layer1:.0%} on layer1, {layer4:.0%} on layer4.0.conv2)" in guide
