@@ -234,11 +234,11 @@ class MachineLoad:
         return self.load > self.cores + 1 or self.reference_spread > 2 * BAND
 
     def line(self) -> str:
-        """One line for a report, with a warning when :attr:`busy`."""
+        """One line for a report, and a second one warning when :attr:`busy`."""
         load = f"machine: load average {self.load:.1f} on {self.cores} cores"
         text = f"{load}, a reference GEMM's spread {self.reference_spread:.0%}"
         if self.busy:
-            text += " -- BUSY: other work shares this machine; do not trust this run's verdicts"
+            text += "\n  BUSY: other work shares this machine; do not trust this run's verdicts"
         return text
 
 
