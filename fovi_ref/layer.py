@@ -212,7 +212,8 @@ class KNNConv(nn.Module):
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         # torch judges the keys after loading; a strict load of this layer judges them first, so
-        # that it changes nothing when refused (inside a container torch decides: see README).
+        # that it changes nothing when refused (inside a container torch decides: "State" in
+        # help(fovi_ref)).
         # A state dict written before the layer had extra state lacks it, and still loads.
         keys, own = set(state_dict), set(self.state_dict(keep_vars=True))
         if strict and keys != own and keys != own - {_EXTRA}:

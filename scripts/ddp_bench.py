@@ -10,6 +10,13 @@ backward with the gradient all-reduce, optimizer step) of each, in alternating o
 barrier, and then a broadcast of as many bytes as the default sends per step, alone (what the
 bytes cost over gloo here); rank 0 prints the medians, their spread (half the interquartile
 range) and the median of the per-round ratio, with the bytes each variant broadcasts per step.
+
+Measured where this repository is developed (a 2-core AMD EPYC; two gloo processes, one thread
+each, batch 4 per rank, 25 rounds, nothing else running; medians ± half the IQR): a default DDP
+step 197 ± 9 ms, with ``exclude_graphs`` 129 ± 8 ms, default / excluded per round 1.52 ± 0.16;
+the 52.6 MB the default broadcasts per step (the graphs and what the backends derive from them)
+take 15 ± 3 ms alone, and ``exclude_graphs`` leaves 0.06 MB (BatchNorm's running statistics and
+the trunk's max-pool graph). Run it to measure on your machine.
 """
 
 from __future__ import annotations

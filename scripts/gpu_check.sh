@@ -29,9 +29,9 @@ python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; pri
   | tee "$out/device.txt" || exit 1
 run tests python -m pytest -q -p no:cacheprovider tests
 run verify python -m fovi_ref --out "$out" verify --device cuda
-run bench_float32 python -m fovi_ref --out "$out/float32" bench --device cuda --dtype float32 --batch 256
-run bench_bfloat16 python -m fovi_ref --out "$out/bfloat16" bench --device cuda --dtype bfloat16 --batch 256
-run bench_hub python -m fovi_ref --out "$out" bench --device cuda --hub --dtype float32
+run bench_float32 python -m fovi_ref --out "$out/float32" bench --device cuda --dtypes float32 --batch 256
+run bench_bfloat16 python -m fovi_ref --out "$out/bfloat16" bench --device cuda --dtypes bfloat16 --batch 256
+run bench_hub python -m fovi_ref --out "$out" bench --device cuda --hub --dtypes float32
 run notebooks jupyter nbconvert --to notebook --execute --output-dir "$out/notebooks" \
   --ExecutePreprocessor.timeout=600 notebooks/*.ipynb
 exit $status

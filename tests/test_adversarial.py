@@ -1,8 +1,8 @@
 """The domain limit the adversarial pass (scripts/adversarial.py) found, pinned as a contract.
 
-``general`` and ``einsum_baseline`` add a cell's inputs before the weight applies (as fovi's
-einsum path does). Where that sum passes the accumulation dtype's largest value, ``y`` is not
-finite although every term ``x * w`` and the exact ``y`` are. The README states this domain; these
+``general`` and ``einsum_baseline`` add a cell's inputs before the weight applies (as fovi's einsum
+path does). Where that sum passes the accumulation dtype's largest value, ``y`` is not finite
+although every term ``x * w`` and the exact ``y`` are. help(fovi_ref) states this domain; these
 tests hold the two promises that make it safe: the result is then non-finite (never a wrong finite
 number), and one binary order of magnitude inside the domain the same inputs pass the rule.
 """

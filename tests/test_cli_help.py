@@ -33,3 +33,20 @@ def test_help_lists_the_bench_targets():
     text = subparsers()["bench"].format_help()
     for target in targets.ALL:
         assert target.name in text and str(target.at_most) in text
+
+
+def test_one_spelling_of_dtypes_and_refusals_print_their_subcommands_usage(capsys):
+    from fovi_ref.check.cli import main
+
+    for name in ("verify", "bench"):
+        assert "--dtypes" in subparsers()[name].format_help()
+        assert "--dtype " not in subparsers()[name].format_help()
+    refused = {
+        "bench": ["bench", "--boundary", "--dtypes", "float32"],
+        "verify": ["verify", "--repeats", "3"],
+    }
+    for usage, argv in refused.items():
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err.startswith(f"usage: python -m fovi_ref {usage} ")

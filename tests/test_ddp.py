@@ -133,9 +133,9 @@ def _matmul(seed: int) -> float:
 
 
 def test_a_fork_pool_runs_torch_with_one_thread_per_worker():
-    """The README's recipe: a fork-context Pool started after torch's intra-op pool runs torch
-    ops when its initializer sets one thread (without it, the workers can hang: torch's
-    OpenMP pool does not survive fork)."""
+    """The recipe of help(fovi_ref.interop.ddp): a fork-context Pool started after torch's intra-op
+    pool runs torch ops when its initializer sets one thread (without it, the workers can hang:
+    torch's OpenMP pool does not survive fork)."""
     torch.randn(2000, 2000).sum()  # torch's intra-op pool has started
     with mp.get_context("fork").Pool(2, initializer=_one_thread) as pool:
         assert len(pool.map_async(_matmul, range(4)).get(timeout=60)) == 4

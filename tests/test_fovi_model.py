@@ -99,3 +99,8 @@ def test_cli_checks_my_model_from_module_factory(tmp_path):
     assert len(rows) == 5 and all(row.split()[-1] == "gather_gemm" for row in rows)
     assert "fovi: float64 gradient accumulated in float32" in done.stdout
     assert (tmp_path / "out" / "verify_fovi_model.json").exists()
+    # Nothing about another model: the machine and overflow findings are fovi-resnet18's.
+    assert (
+        "KNNResNet-18" not in done.stdout
+        and "machine_finding" not in (tmp_path / "out" / "verify_fovi_model.json").read_text()
+    )

@@ -201,7 +201,8 @@ def test_a_refused_backend_changes_nothing():
 @pytest.mark.parametrize("change", ["unexpected", "missing"])
 def test_a_strict_load_refused_for_a_key_changes_nothing(change):
     """A layer loaded by itself judges the keys before loading (torch judges them after the
-    whole load). Inside a container torch decides; load into a copy first there (README)."""
+    whole load). Inside a container torch decides; load into a copy first there
+    (help(fovi_ref), State)."""
     layer = KNNConv(3, 4, random_meta(2, 4))
     other = KNNConv(3, 4, random_meta(2, 4, seed=1))
     state = other.state_dict()
@@ -372,8 +373,9 @@ def test_a_refused_move_changes_nothing():
 
 
 def test_a_models_state_dict_is_validated_by_loading_it_into_a_copy():
-    """The README's workaround: torch loads module by module, so a load refused at the second
-    layer has already changed the first; loading into a copy first leaves the model as it was."""
+    """The workaround in help(fovi_ref), State: torch loads module by module, so a load
+    refused at the second layer has already changed the first; loading into a copy first leaves
+    the model as it was."""
     import copy
 
     def model_of(seed):

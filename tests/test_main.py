@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import re
 
 import pytest
 import torch
@@ -11,7 +11,7 @@ from conftest import random_meta
 
 from fovi_ref import KNNMeta
 from fovi_ref.check import bench
-from fovi_ref.check.bench import contenders
+from fovi_ref.check.bench import contenders, layers, timing
 from fovi_ref.check.bench.budget import forced_grad_input_path
 from fovi_ref.check.bench.layers import empty_cell_share
 from fovi_ref.check.cli import main
@@ -113,7 +113,7 @@ def test_op_counts_of_gather_gemm_forward_and_backward(path):
 
 def test_batch_scaling_prints_a_row_per_graph_and_batch(capsys):
     args = ["bench", "--batch-scaling", "--layers", "res18_ds4", "--repeats", "1"]
-    assert main([*args, "--dtype", "float32"]) == 0
+    assert main([*args, "--dtypes", "float32"]) == 0
     lines = capsys.readouterr().out.splitlines()
     (row,) = [line for line in lines if line.startswith("layer4.0.downsample.0")]
     assert "gather_gemm" in row and len(row.split()) == 2 + 5  # a ratio±spread per batch
@@ -199,8 +199,50 @@ def test_the_floor_per_cell_runs_exactly_the_occupied_products():
     assert len(contenders.gemm_floor(inputs, trials=1, cells=True)()) == 4  # 3 products, grad_x
 
 
-def test_readme_states_the_empty_cell_shares_the_bench_computes():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_the_bench_guide_states_the_empty_cell_shares_the_bench_computes():
+    guide = " ".join(bench.__doc__.split())  # help(fovi_ref.check.bench), line breaks aside
     layer1, layer4 = (empty_cell_share(get_layer(name).meta) for name in
                       ("layer1.0.conv1", "layer4.0.conv2"))  # fmt: skip
-    assert f"({layer1:.0%} on layer1, {layer4:.0%} on layer4.0.conv2)" in readme
+    assert f"({layer1:.0%} on layer1, {layer4:.0%} on layer4.0.conv2)" in guide
+
+
+def general_row(invalid: list[str]) -> dict:
+    """A K > 1 bench row as bench_general builds it, for two layers sharing a graph."""
+    names = list(layers.GENERAL_RATIOS)
+    row = {
+        "layer": "layer4.0.conv1, layer4.1.conv1",
+        "K": 9,
+        "dtype": "float32",
+        "batch": 64,
+        "over cells": True,
+        "ms": {"general": 12.34},
+        "rounds": 5,
+        "empty cells": 0.5,
+        "general / einsum peak memory": 0.5,
+        "invalid": invalid,
+        "stopped": "5 rounds",
+    }
+    for name, value in zip(names, (0.63, 1.40, 0.45, 0.5), strict=True):
+        row[name], row["iqr"] = value, {**row.get("iqr", {}), name: (value, value)}
+    row["verdicts"] = layers.verdicts(row)
+    return row
+
+
+def test_an_invalid_row_prints_no_number_and_no_name_is_cut(capsys):
+    layers.print_general_table([general_row(["general / gemm floor"])])
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("layer4.0.conv1 (+1)")]
+    assert line.split()[-2:] == ["0.50", "invalid"]  # memory is counted, not timed
+    assert "invalid" in line and not re.search(r"\d\.\d\d±", line) and "12.34" not in line
+    assert "layer4.0.conv1 (+1): layer4.0.conv1, layer4.1.conv1" in out
+    layers.print_general_table([general_row([])])
+    assert "12.34" in capsys.readouterr().out
+
+
+def test_the_machine_load_line_warns_when_busy():
+    quiet = timing.MachineLoad(load=2.0, cores=2, reference_spread=0.03)
+    assert not quiet.busy and "BUSY" not in quiet.line()
+    assert timing.MachineLoad(4.5, 2, 0.03).busy and timing.MachineLoad(1.0, 2, 0.5).busy
+    assert "BUSY" in timing.MachineLoad(4.5, 2, 0.03).line()
+    measured = timing.machine_load()
+    assert measured.cores >= 1 and measured.reference_spread >= 0

@@ -279,7 +279,7 @@ def _run_with_threads(n: int, backend: str, meta, x, w, b, grad_y) -> tuple[torc
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @THREAD_BATCHES
 def test_results_repeat_bitwise_at_a_fixed_thread_count(backend, dtype, batch, cells, monkeypatch):
-    """The README promises bitwise repeatable results run to run at a fixed thread count."""
+    """help(fovi_ref) promises bitwise repeatable results run to run at a fixed thread count."""
     force_cells(monkeypatch, cells)
     case = _thread_case(backend, dtype, batch)
     for n in (1, 2):

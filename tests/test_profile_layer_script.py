@@ -1,4 +1,5 @@
-"""scripts/profile_layer.py runs as the README shows it and prints one table per contender."""
+"""scripts/profile_layer.py runs as help(fovi_ref.check.bench) shows it and prints one table
+per contender."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
     python -m fovi_ref verify [--device cuda] [--layers res18_ds2 layer1.0.conv1 ...]
     python -m fovi_ref verify --fovi   # fovi 2.4.0's own backends, judged by the same rule
     python -m fovi_ref verify --fovi-model mymodels:small_net   # the same on your own fovi model
-    python -m fovi_ref bench  [--device cuda] [--dtype bfloat16] [--batch 64 256] [--repeats 15]
+    python -m fovi_ref bench  [--device cuda] [--dtypes bfloat16] [--batch 64 256] [--repeats 15]
     python -m fovi_ref check my_backend.py:MyOps [--full]   # judge your own backend
 
 ``verify`` exits non-zero if any check fails. Results go to ``results/`` (git-ignored):
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -207,7 +208,8 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
     )
     b.add_argument(
-        "--dtype",
+        "--dtypes",
+        dest="dtype",
         nargs="+",
         choices=list(DTYPES),
         help="dtypes of the inputs, one set of rows each (targets hold float32) "
@@ -280,8 +282,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _subparser(p: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of ``command`` (``p`` itself without one): its errors print its usage."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return p
+
+
+FLAGS = {"dtype": "--dtypes"}
+"""Options whose flag is not their key spelled with dashes (one spelling across subcommands)."""
+
+
 def _job(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, str]:
     """The job ``args`` ask for, after refusing options that job does not honour."""
+    p = _subparser(p, args.command)
     if args.command == "verify":
         job = ("verify", "fovi" if args.fovi or args.fovi_model else "oracle")
     else:
@@ -290,26 +305,42 @@ def _job(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, str
             p.error("bench takes one of --boundary, --fovi, --batch-scaling, --network, --hub")
         job = ("bench", modes[0] if modes else "layers")
     given = [k for k in DEFAULTS if getattr(args, k, None) is not None]
-    unused = [f"--{k.replace('_', '-')}" for k in given if k not in JOBS[job]]
+    unused = [FLAGS.get(k, f"--{k.replace('_', '-')}") for k in given if k not in JOBS[job]]
     if unused:
         flag = "" if job[1] in ("oracle", "layers") else f" --{job[1].replace('_', '-')}"
         p.error(f"{job[0]}{flag} does not use {', '.join(unused)}")
     return job
 
 
+MAIN_JOB = """\
+fovi_ref main job: verify every backend on every fovi-resnet18 layer against the float64 oracle
+(20 layers; float32, float16, bfloat16), then, if all pass, a short bench (float32, batch 64,
+5 rounds). About {minutes} minutes on 2 quiet CPU cores; much longer on a busy machine.
+Progress on stderr; the tables here; files in {out}/."""
+MAIN_JOB_MINUTES = 2
+"""The main job's duration on a quiet 2-core machine, as announced: 1.8 min measured when issue
+30 was filed; every run prints its own time last, which is the figure to trust."""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser()
-    args = p.parse_args(argv)
+    args, extra = p.parse_known_args(argv)
+    if extra:  # refused with the usage of the subcommand it was given to
+        _subparser(p, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "check":  # its --out is a file, and it takes no other job's options
         return check_command.run(args)
-    _check_before_running(p, args)
+    _check_before_running(_subparser(p, args.command), args)
     if args.command is None:  # the bare command: verify, then a short bench if it passed
+        start = time.perf_counter()
         args.command, args.fovi = "verify", False
-        if not verify.run(_filled(args, ("verify", "oracle"))):
-            return 1
-        short = argparse.Namespace(**vars(args), dtype=["float32"], batch=[64], repeats=5)
-        layers.run(_filled(short, ("bench", "layers")))
-        return 0
+        filled = _filled(args, ("verify", "oracle"))
+        print(MAIN_JOB.format(minutes=MAIN_JOB_MINUTES, out=filled.out), flush=True)
+        passed = verify.run(filled)
+        if passed:
+            short = argparse.Namespace(**vars(args), dtype=["float32"], batch=[64], repeats=5)
+            layers.run(_filled(short, ("bench", "layers")))
+        print(f"\nmain job took {time.perf_counter() - start:.0f} s")
+        return 0 if passed else 1
     job = _job(p, args)
     args = _filled(args, job)
     if job == ("verify", "oracle"):

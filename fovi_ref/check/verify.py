@@ -5,6 +5,25 @@ oracle then runs in float64 on those *rounded* values, so a backend is judged on
 arithmetic only, element by element, with the rule of :mod:`fovi_ref.check.tolerances`
 (:func:`~fovi_ref.check.tolerances.judge_elementwise`). ``einsum_baseline`` in the same dtype is
 judged by the same rule and its worst ratio is reported beside every verdict (not judged).
+
+**The table** (``python -m fovi_ref verify``): one row per layer and backend (every backend that
+accepts the layer's graph; ``route`` is the one the dispatcher picks), one cell per dtype. The
+rule requires ``|value - ref| <= bound(element)`` for every element, with ``gamma_N(u) * M`` as
+the bound: ``M`` the sum of the magnitudes of the element's terms (the oracle run on absolute
+values), ``N`` their number; in float16/bfloat16, one rounding of the output relative to
+``|ref|``, plus the stored intermediates a two-step implementation needs. It holds under
+cancellation, where a rule relative to ``max|ref|`` fails correct code, and it still fails a wrong
+cell, a dropped neighbour, leaking padding or a misplaced gradient. A cell reads the verdict, then
+the largest ``|value - ref| / bound`` over every element of the four quantities: ``PASS 0.35``
+means every element passed and the worst used 35% of its bound; ``FAIL 1.80`` means some element
+exceeded its bound, the worst by 1.8 times. The last line counts passing and failing cells.
+``verify.json`` stores, per cell, that ratio, the quantity it came from, the largest absolute
+error, and the worst element's error and bound.
+
+**Why 16-bit cells read PASS 0.9-1.0:** there the bound is essentially one rounding of the output,
+``u |ref|``, and an implementation that accumulates in float32 and rounds its result once to
+nearest makes an error close to that on some element, so its worst ratio nearly reaches 1
+(``einsum_baseline``, fovi's own path, reads the same).
 """
 
 from __future__ import annotations

@@ -13,9 +13,49 @@ holds rank 0's graphs. Everything else (BatchNorm's running statistics) is broad
     model = exclude_graphs(model)                                # every rank, before DDP
     ddp = torch.nn.parallel.DistributedDataParallel(model)      # graphs: no traffic per step
 
-Graphs can differ between ranks: fovi's float32 construction depends on the machine (README,
-"Graphs that depend on the machine"). :func:`sync_graphs` compares a fingerprint per layer in
-one ``all_reduce`` (a few bytes a layer) and sends only the graphs that differ, once.
+Graphs can differ between ranks: fovi's float32 construction depends on the machine
+(``help(fovi_ref.check.fovi)``, "Graphs that depend on the machine"). :func:`sync_graphs` compares
+a fingerprint per layer in one ``all_reduce`` (SHA-256 of ``knn`` and ``rf_index``, 24 bytes a
+layer), then broadcasts rank 0's graph to the layers that differ, once, and sets it through
+``layer.meta =`` (validated, re-derived). A ``[K, Nout]`` that differs between ranks raises. Call
+it after the graphs and forced backends are final.
+
+**Why this design** (read from torch 2.13's ``distributed.py``):
+
+- DDP collects the buffers to send from ``root.named_buffers()`` before every forward and skips
+  only those its root lists. A layer cannot exclude its own buffers, nor hide them without ceasing
+  to be buffers, which ``.to()``, ``state_dict`` and ``torch.export`` rely on. So plain
+  ``DDP(model)`` cannot skip them; one call on the root is the closest to "by default".
+- ``forward_sync_buffers=False`` (new in torch 2.13) also stops the per-step graph traffic, but
+  BatchNorm's too, so each rank keeps its own running statistics; :func:`exclude_graphs` changes
+  nothing but the graphs' traffic.
+- Smaller index dtypes were not taken: the derived data indexes more rows than int16 holds (int32
+  at best: half the bytes, still sent every step), and ``general`` runs ``index_copy_``, which
+  torch 2.13 refuses with int32 indices.
+
+**What is checked and measured.** ``tests/test_ddp.py`` runs two gloo processes on the CPU whose
+first layer's graphs differ: rank 1 adopts rank 0's graph, no graph buffer is in DDP's per-step
+broadcast list and BatchNorm's buffers are, and the losses of three SGD steps equal, bitwise, one
+process doing each rank's work with the gradients averaged as DDP averages them.
+``scripts/ddp_bench.py --batch 4`` times an SGD step of the trunk with and without the graphs in
+the broadcast, interleaved in one run, and the broadcast of the same bytes alone; its docstring
+gives what it measured where this repository is developed. On GPUs with NCCL both the step and
+the broadcast are far shorter (not measured: no GPU where this is developed).
+
+**BatchNorm on the CPU.** ``torch.nn.SyncBatchNorm`` refuses CPU tensors in torch 2.13. Keep
+``nn.BatchNorm1d``: each rank normalizes with its own batch's statistics, and DDP keeps
+broadcasting rank 0's running statistics.
+
+**Checkpoints carry the graph.** Save ``ddp.module.state_dict()`` on rank 0: it holds every
+layer's ``knn`` and ``rf_index`` (the derived data is derived again on load). Loading it into a
+model built on another machine replaces that machine's graphs with the ones trained on
+(validated first); ``tests/test_ddp.py`` checks it.
+
+**A fork-context** ``multiprocessing.Pool`` **can hang** (a data-loading pool, say): once torch's
+intra-op thread pool has run, workers forked from that process can hang in torch's parallel ops.
+That is torch's behaviour, not fovi_ref's (which starts no processes); an initializer that calls
+``torch.set_num_threads(1)`` avoids it (``tests/test_ddp.py`` runs it), and so does a ``spawn``
+context.
 """
 
 from __future__ import annotations

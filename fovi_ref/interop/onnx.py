@@ -18,6 +18,28 @@ path would in 16-bit, and in float32 both stay within the elementwise rule of
 :mod:`fovi_ref.check.tolerances` (``tests/test_onnx.py`` judges every layer of the exported
 fovi-resnet18 trunk by it). The graph tensors become initializers; the backend's derived data is
 not read, and the exporter drops it.
+
+**Why it is needed.** ``torch.onnx.export(model, (x,), dynamo=True)`` alone fails on a model with
+``KNNConv`` layers ("No ONNX function found for fovi_ref.knn_conv"). Use it as::
+
+    from fovi_ref.interop.onnx import export_onnx
+
+    model.eval()  # BatchNorm with its running statistics
+    export_onnx(model, x, "model.onnx")  # any batch size, not only x's (dynamic_batch=True)
+    # or, by hand: torch.onnx.export(model, (x,), "model.onnx", dynamo=True,
+    #     custom_translation_table=fovi_ref.interop.onnx.TRANSLATIONS)
+
+**What is checked.** ``tests/test_onnx.py`` exports one layer (batch 1 and 5 from a batch-2
+export) and the fovi-resnet18 trunk, runs both in onnxruntime on the CPU, and judges each
+convolution's output by the float32 elementwise rule, fed the input onnxruntime fed it (the
+trunk's 11 distinct graph and channel combinations of its 20 convolutions), and the trunk's output
+no further from the float64 trunk than eager float32's. Inference only: the gradients' custom ops
+have no translation. The exporter turns ``knn`` and ``rf_index`` into initializers (with the
+one-hot cells folded in where small) and drops the backend's derived data: the trunk's ``.onnx``
+is about its weights' size plus its graphs'. One onnxruntime limitation met on the way: a
+``KNNConv`` output that is both a graph output and the input of a BatchNorm makes onnxruntime's
+graph optimizer fail at session creation (``Failed to find node output ... knn_conv``); the test
+taps such outputs with the optimizer off.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ float32 rows; float16 and bfloat16 rows are reported beside them without targets
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -73,6 +74,8 @@ def mark(row: dict, ratio: str) -> str:
     mark = timing.mark_of(timing.overall(held))
     if ratio not in row["iqr"] and ratio not in row["invalid"]:  # counted (memory): no spread
         return f"{row[ratio]:.2f}{mark}"
+    if row["invalid"] and ratio not in row["invalid"]:  # a timed ratio of an invalid row
+        return "-"
     return ratio_of(row, ratio).text(mark)
 
 
@@ -204,6 +207,19 @@ def alias_of(layer: str) -> str:
     return {path: alias for alias, path in RES18_DOWNSAMPLES.items()}.get(layer, layer)
 
 
+def row_name(row: dict) -> str:
+    """A row's first layer, whole, and ``(+n)`` for the n others that share its graph and
+    channels (timed once; the general table lists them below)."""
+    first, *others = row["layer"].split(", ")
+    return alias_of(first) + (f" (+{len(others)})" if others else "")
+
+
+def timed(row: dict, text: str) -> str:
+    """``text``, or ``-`` in a row with an invalid ratio: its times are no result, so the row
+    prints no number (the invalid ratio itself reads ``invalid``)."""
+    return "-" if row["invalid"] else text
+
+
 def run(args) -> None:
     """The per-layer bench: tables on stdout, ``bench.json``, ``bench.csv``, ``bench.png``
     in ``args.out``. ``args`` carries ``device``, ``dtype`` (a list of dtype names), ``layers``,
@@ -215,18 +231,22 @@ def run(args) -> None:
     k1 = [n for n in names if route(get_layer(n).meta) == "gather_gemm"]
     general = [n for n in names if n not in k1]
     start = time.perf_counter()
+    loads = [timing.machine_load()]
     ds_rows, gen_rows = [], []
     for dtype_name in args.dtype:
         ds_rows += _with_verdicts(bench_downsamples(args, device, dtype_name, k1) if k1 else [])
         gen_rows += _with_verdicts(
             bench_general(args, device, dtype_name, general) if general else []
         )
+    loads.append(timing.machine_load())
     print(f"\nbench on {device}, at least {args.repeats} interleaved rounds per row, more until")
     print(f"every target ratio's IQR is within {timing.BAND:.0%} of its median (or a time cap)")
     print("cell: median ratio ± half its IQR over the rounds; < 1: the first is faster")
     print("verdict: met (IQR at or below the target), MISSED '!' (above), unsure '?' (straddles),")
     print("invalid (a time below the GEMM floor: no result); targets hold float32 rows only:")
     print(targets.LOW_PRECISION)
+    for when, load in zip(("before", "after"), loads, strict=True):
+        print(f"{when}: {load.line()}")
     if ds_rows:
         print_downsample_table(ds_rows)
     if gen_rows:
@@ -241,6 +261,7 @@ def run(args) -> None:
         "repeats": args.repeats,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "machine": [dataclasses.asdict(load) | {"busy": load.busy} for load in loads],
     }
     record = json.dumps({"run": meta, "k1": ds_rows, "general": gen_rows}, indent=1)
     write_set(out, {
@@ -274,7 +295,7 @@ def print_summary(rows: list[dict]) -> None:
     print("\nverdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
     for r in rows:
         if "cap" in r["stopped"] or "floor" in r["stopped"]:
-            print(f"  {alias_of(r['layer'])[:33]} {r['dtype']} B={r['batch']}: {r['stopped']}")
+            print(f"  {row_name(r)} {r['dtype']} B={r['batch']}: {r['stopped']}")
 
 
 def print_downsample_table(rows: list[dict]) -> None:
@@ -289,7 +310,8 @@ def print_downsample_table(rows: list[dict]) -> None:
         kernels = r["cuda kernels"]
         print(
             f"{alias_of(r['layer']):<11}{r['dtype']:<9}{r['batch']:>6}"
-            f"{r['ms']['gather_gemm']:>8.2f}{mark(r, 'gather_gemm / einsum (fovi)'):>11}"
+            f"{timed(r, format(r['ms']['gather_gemm'], '.2f')):>8}"
+            f"{mark(r, 'gather_gemm / einsum (fovi)'):>11}"
             f"{mark(r, 'gather_gemm / conv2d floor'):>11}{mark(r, 'gather_gemm / gemm floor'):>11}"
             f"{mark(r, 'gather_gemm / general'):>11}{mark(r, 'custom op / direct'):>11}"
             f"{verdict(r):>9}"
@@ -315,13 +337,19 @@ def print_general_table(rows: list[dict]) -> None:
     )
     for r in rows:
         print(
-            f"{r['layer'][:23]:<24}{r['K']:>3}{r['dtype']:>9}{r['batch']:>6}"
+            f"{row_name(r):<24}{r['K']:>3}{r['dtype']:>9}{r['batch']:>6}"
             f"{'per cell' if r['over cells'] else 'dense':>9}"
-            f"{r['ms']['general']:>8.2f}{mark(r, 'general / einsum time'):>11}"
+            f"{timed(r, format(r['ms']['general'], '.2f')):>8}"
+            f"{mark(r, 'general / einsum time'):>11}"
             f"{mark(r, 'gemm floor / einsum time'):>11}{mark(r, 'general / gemm floor'):>11}"
             f"{mark(r, 'general / dense gemm floor'):>11}"
             f"{mark(r, 'general / einsum peak memory'):>7}{verdict(r):>9}"
         )
+    shared = [f"{row_name(r)}: {r['layer']}" for r in rows if ", " in r["layer"]]
+    if shared:
+        print("(+n): layers that share one graph and channel counts, timed once:")
+        text = "; ".join(dict.fromkeys(shared))
+        print(textwrap.fill(text, 98, initial_indent="  ", subsequent_indent="  "))
     shares = [f"{r['layer'].split(', ')[0]} {r['empty cells']:.0%}" for r in rows]
     print("empty cells, whose zero features dense GEMMs multiply (the per-cell GEMMs skip them;")
     print("general runs per cell where knn_general.cells_estimate says it pays):")

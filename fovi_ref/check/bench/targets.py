@@ -55,7 +55,7 @@ class Target:
 
     @property
     def name(self) -> str:
-        """``ratio`` and ``where``, as tables, ``bench.json`` and the README name the target."""
+        """``ratio`` and ``where``, as the tables, ``bench.json`` and ``bench --help`` name it."""
         return f"{self.ratio}, {self.where}" if self.where else self.ratio
 
 
@@ -87,7 +87,7 @@ HUB = Target("general / fovi einsum", 1.3, "hub graphs, every fan-out")
 """``bench --hub``: ``general`` on graphs where many outputs read one input (fan-out ``F``)."""
 
 ALL = (*LAYERS, BOUNDARY, SCALE, *NETWORK.values(), SCALING, FOVI, HUB)
-"""Every target, in the order the README's table lists them."""
+"""Every target, in the order ``bench --help`` lists them."""
 
 
 LOW_PRECISION = """\

@@ -28,6 +28,7 @@ the one loop written here.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -42,8 +43,10 @@ __all__ = [
     "BAND",
     "CAP_S",
     "FLOOR_VALID",
+    "MachineLoad",
     "Ratio",
     "Timing",
+    "machine_load",
     "measure",
     "overall",
     "paired_ratio",
@@ -215,6 +218,48 @@ def measure(
     return timing
 
 
+@dataclass(frozen=True)
+class MachineLoad:
+    """How busy the machine is while a bench runs: the 1-minute load average, the cores, and
+    the spread (IQR / median) of a reference GEMM timed :data:`REFERENCE_ROUNDS` times."""
+
+    load: float
+    cores: int
+    reference_spread: float
+
+    @property
+    def busy(self) -> bool:
+        """More runnable work than this process can bring (its threads on every core, plus one),
+        or a reference timing spread beyond twice :data:`BAND`: other work shares the machine."""
+        return self.load > self.cores + 1 or self.reference_spread > 2 * BAND
+
+    def line(self) -> str:
+        """One line for a report, and a second one warning when :attr:`busy`."""
+        load = f"machine: load average {self.load:.1f} on {self.cores} cores"
+        text = f"{load}, a reference GEMM's spread {self.reference_spread:.0%}"
+        if self.busy:
+            text += "\n  BUSY: other work shares this machine; do not trust this run's verdicts"
+        return text
+
+
+REFERENCE_ROUNDS = 21
+"""How many times :func:`machine_load` times its reference GEMM."""
+
+
+def machine_load() -> MachineLoad:
+    """The load average now and the spread of a reference GEMM (a 256 x 256 float32 matmul,
+    :data:`REFERENCE_ROUNDS` times): on a quiet machine its IQR stays within a few percent."""
+    a = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    seconds = []
+    for _ in range(REFERENCE_ROUNDS):
+        begin = clock()
+        a @ a
+        seconds.append(clock() - begin)
+    low, median, high = statistics.quantiles(seconds, n=4, method="inclusive")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return MachineLoad(load, os.cpu_count() or 1, (high - low) / median)
+
+
 def time_contenders(
     contenders: dict[str, Callable[[], object]], *, repeats: int = 10, warmup: int = 2
 ) -> dict[str, float]:
@@ -229,8 +274,11 @@ def peak_memory_bytes(contender: Callable[[], object], device: torch.device | st
 
     CUDA: the caching allocator's peak counter. CPU: the profiler's allocation records replayed
     in time order (each operator's net allocation at its start, each free when it happens); this
-    sees every tensor torch allocates, at operator granularity.
+    sees every tensor torch allocates, at operator granularity. kineto, the profiler's engine,
+    prints "profiler_start/stop" lines at its default log level: ``KINETO_LOG_LEVEL=6`` (unless
+    already set) before the first profile, when kineto reads it, keeps the bench's output clean.
     """
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -75,6 +75,81 @@ The modules:
   ties, and the effect on a network.
 
 Everything is re-exported here: ``from fovi_ref.check import fovi as upstream``.
+
+Verifying fovi 2.4.0
+--------------------
+fovi's dependency list includes CUDA-only packages (``cupy-cuda12x``, ``warp-lang``) and a
+``torchvision`` that does not load against the CPU torch; ``scripts/fovi-requirements.txt`` pins
+fovi and what fovi_ref's use of it needs, and says why each left-out requirement is left out.
+Install it after fovi_ref, without dependency resolution::
+
+    .venv/bin/pip install --no-deps -r scripts/fovi-requirements.txt
+    .venv/bin/python -m fovi_ref verify --fovi     # fovi backend x layer x dtype verdicts
+    .venv/bin/python -m fovi_ref bench --fovi      # fovi's backends beside fovi_ref's routed one
+
+``verify --fovi`` prints one row per layer and fovi backend (every one that runs here), a cell
+per dtype (float64 included) as in the ``verify`` table, and fovi's dispatcher choice beside
+fovi_ref's route. A FAIL is a finding about fovi: under the table each group of failures says
+which side is wrong and why, diagnosed from the relaxed rule the value passes. After the table it
+reports how fovi's graphs depend on the machine (below). ``python -m fovi_ref verify --help``
+gives its exit codes. ``bench --fovi`` times fovi's dispatcher choice and each training backend
+beside fovi_ref's routed backend on every layer. ``notebooks/05_verifying_fovi.ipynb`` walks
+through all of it and asserts each finding.
+
+Checking your own fovi model
+----------------------------
+For any other fovi network (a ``KNNResNet`` with another ``in_res`` or ``fov``, or a model of
+your own), give a factory that builds it; every ``KNNConvLayer`` in it gets the same table::
+
+    .venv/bin/python -m fovi_ref verify --fovi-model mymodels:small_net   # def small_net(): ...
+
+or from Python (``tests/test_readme.py`` runs this block as written)::
+
+    import torch, fovi_ref
+    from fovi_ref.check.fovi import format_fovi_table, load_knnresnet, verify_fovi_model
+
+    model = load_knnresnet().KNNResNet(in_res=32, fov=20, layers=[1, 1, 1, 1], device="cpu")
+    layer = model.layer2[0].downsample[0]  # one of your model's KNNConvLayers
+    meta = fovi_ref.KNNMeta.from_layer(layer)  # its graph (fovi_ref never imports fovi)
+    conv = fovi_ref.KNNConv(meta.in_channels, layer.out_channels, meta)  # the same op in fovi_ref
+    y = conv(torch.randn(1, meta.in_channels, meta.n_in))
+    checks = verify_fovi_model(model, layers=["layer2.0.downsample.0"], batch=1)  # omit: all
+    backends = len({c.backend for c in checks})  # fovi backends judged
+    print(fovi_ref.route(meta), tuple(y.shape), backends)  # gather_gemm (1, 128, 15) 5
+    print(format_fovi_table(checks))  # the table and findings, as the CLI prints
+
+:func:`load_knnresnet` imports fovi's ``KNNResNet`` without the packages of ``fovi[models]``;
+build the model on the device you check it on (fovi's graphs do not move with ``.to()``).
+
+Graphs that depend on the machine
+---------------------------------
+fovi builds a model's graphs when the model is constructed, in float32, and does not save them in
+the ``state_dict``. Its neighbour search ranks ``torch.cdist`` distances, which expand
+``|p|^2 + |q|^2 - 2 p.q`` with a float32 GEMM, and another CPU, MKL code path or thread count
+rounds that GEMM (and the vectorised ``cos``/``exp`` that place the points) differently, so
+near-ties go the other way: **a checkpoint trained on one machine runs a slightly different
+network on another.** ``resnet18_layers()`` reproduces fovi *on the machine at hand* (element for
+element: a test builds fovi's model and compares), and three tools make that honest:
+
+- ``fovi_ref.geometry.tie_certificate(graph)``: per node, the margin of its neighbour choice and
+  of each cell choice, against a bound on fovi's float32 rounding derived in
+  :mod:`fovi_ref.geometry.certificate`. Nodes above it are *determined* (every machine builds
+  them alike; the tests compare them exactly with fovi 2.4.0's graphs as pinned on an Intel Xeon
+  and on an AMD EPYC), the rest are *ties*, most of them in the stem, whose frame distances have
+  the least float32 precision. The two pinning machines disagree on 22 nodes, all ties.
+- ``resnet18_layers(arithmetic="exact")``: float64 points and distances computed directly, ties
+  broken by index, every decision checked to be far from the tie tolerance. Bitwise the same
+  under every arithmetic setting; 80 of 3398 nodes differ from fovi's float32 graphs at the
+  defaults. The construction we would propose to fovi.
+- :func:`~fovi_ref.check.fovi.machines.machine_finding` (run by ``verify --fovi`` and notebook
+  05): fovi's model built in fresh interpreters under two settings with the same weights; the
+  flipped nodes (all ties), and the float64 logits and SGD losses of the two networks.
+
+The tie count ``verify --fovi`` and notebook 05 print ("N nodes of KNNResNet-18 are ties here")
+is this machine's certificate over every KNN graph of fovi's model: the 20 convolutions *and*
+fovi's two pools (the 3x3 max-pool after the stem and the global average pool, both KNN graphs in
+fovi); notebook 05's table gives it per layer, pools included. A ``KNNConv`` keeps its graph as
+buffers in its ``state_dict``, so a fovi_ref checkpoint carries the graph it was trained on.
 """
 
 from fovi_ref.check.fovi.backends import (

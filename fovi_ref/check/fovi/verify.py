@@ -482,15 +482,15 @@ def run_fovi(args) -> int:
     print(format_fovi_table(checks))
     record = fovi_record(checks, torch=torch.__version__, device=str(device), batch=args.batch)
     name = "verify_fovi.json"
-    if spec:
+    if spec:  # the findings below are about fovi's KNNResNet-18, not the user's model
         record["model"], name = spec, "verify_fovi_model.json"
     else:  # Graphs are built on the CPU whatever the device, so this finding is the CPU's.
         finding = machine_finding()
         print(f"\n{finding.summary()}")
         record["machine_finding"] = finding_record(finding)
-    overflow = overflow_finding(device)
-    print(f"\n{overflow.summary()}")
-    record["overflow_finding"] = {**vars(overflow), "overflowing": overflow.overflowing}
+        overflow = overflow_finding(device)
+        print(f"\n{overflow.summary()}")
+        record["overflow_finding"] = {**vars(overflow), "overflowing": overflow.overflowing}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(json.dumps(record, indent=1))
