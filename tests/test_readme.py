@@ -184,7 +184,8 @@ def test_the_shell_form_checks_the_skeleton_from_its_file(tmp_path, capsys):
     class and imports; one graph and dtype here, so this takes seconds)."""
     from fovi_ref.check.cli import main
 
-    (command,) = re.findall(r"python -m fovi_ref (check [^\s#]+)", section("Validate your own"))
+    found = re.findall(r"python -m fovi_ref (check [^\s#-][^\s#]*)", section("Validate your own"))
+    (command,) = set(found)
     path = tmp_path / "my_backend.py"
     path.write_text(my_ops_example().split("\nreport = ", 1)[0])
     args = command.replace("my_backend.py", str(path)).split()

@@ -40,7 +40,8 @@ the conformance battery (oracle, the three doors, cancellation, padding, non-fin
 calling-convention variants, gradcheck, determinism) in float64, float32, float16 and
 bfloat16.
 
-OBJECT is FILE.py:NAME, MODULE:NAME (importable from here) or a registered backend's name.
+OBJECT is FILE.py:NAME, MODULE:NAME (importable from here) or a registered backend's name; a
+class whose methods take self is instantiated with no arguments.
 
 The default battery spans the sizes where kernels go wrong, one axis at a time (Nout, Nin,
 Cin, Cout and batch at 1 and around 32, 64, 128; K up to 40; V past 16; inputs read by 40,
@@ -127,6 +128,17 @@ def load_object(spec: str) -> Any:
     return obj
 
 
+def _instance_following_protocol(obj: Any) -> Any:
+    """A class whose methods take ``self``: its instance (no arguments), if that follows the
+    protocol; else ``None``."""
+    if not isinstance(obj, type):
+        return None
+    try:
+        return check_protocol(obj())
+    except Exception:  # no instance, or one that does not follow the protocol either
+        return None
+
+
 def _per_check(report: OpsReport) -> str:
     passed, total = collections.Counter(), collections.Counter()
     for row in report.rows:
@@ -145,8 +157,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_protocol(obj)
     except TypeError as err:
-        print(f"protocol: FAIL: {err}")
-        return 1
+        instance = _instance_following_protocol(obj)
+        if instance is None:
+            print(f"protocol: FAIL: {err}")
+            return 1
+        obj = instance
     graphs = FULL if args.full else (args.graphs or DEFAULT)
     dtypes = [DTYPES[d] for d in args.dtypes] if args.dtypes else list(DTYPES.values())
     about = f"about {FULL_SECONDS // 60} min" if args.full else f"about {DEFAULT_SECONDS} s"
