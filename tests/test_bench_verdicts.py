@@ -133,10 +133,17 @@ def test_a_layers_row_prints_spreads_marks_and_its_verdict():
         "gather_gemm / gemm floor": 0.1,
     }
     row["verdicts"] = layers.verdicts(row)
-    assert layers.mark(row, "gather_gemm / einsum (fovi)") == "0.80±0.05?"
-    assert layers.mark(row, "gather_gemm / conv2d floor") == "0.55±0.05"
+    # A time below its floor makes the row's timings untrustworthy: none of its timed ratios is
+    # printed (issue 30: an invalid row prints no number).
+    assert layers.mark(row, "gather_gemm / einsum (fovi)") == "-"
+    assert layers.mark(row, "gather_gemm / conv2d floor") == "-"
     assert layers.mark(row, "gather_gemm / gemm floor") == "invalid"
     assert layers.verdict(row) == "invalid"
+    valid = {**row, "invalid": [], "gather_gemm / gemm floor": 0.9}
+    valid["iqr"] = {**row["iqr"], "gather_gemm / gemm floor": (0.85, 0.95)}
+    valid["verdicts"] = layers.verdicts(valid)
+    assert layers.mark(valid, "gather_gemm / einsum (fovi)") == "0.80±0.05?"
+    assert layers.mark(valid, "gather_gemm / conv2d floor") == "0.55±0.05"
 
 
 def test_16_bit_rows_say_why_no_target_holds_them():
