@@ -29,10 +29,12 @@ from fovi_ref.check.protocol import check_protocol
 
 __all__ = ["DESCRIPTION", "add_parser", "load_object", "run"]
 
-# Measured by `python -m fovi_ref check einsum_baseline [--full]` on a quiet 2-core machine
-# (the CPU time of one run; einsum_baseline is a plain-PyTorch backend, as a validator's is).
-DEFAULT_SECONDS = 60
-FULL_SECONDS = 600
+# Estimates for a plain-PyTorch backend (einsum_baseline) on 2 cores: the default battery's
+# graphs took 66 s of CPU time, one after another on one thread, on a shared machine; --full
+# adds the random graphs and res18_subset, which took 6 min 24 s as the earlier default
+# battery. Every run prints its own time last: `python -m fovi_ref check einsum_baseline`.
+DEFAULT_SECONDS = 70
+FULL_SECONDS = 480
 
 DESCRIPTION = f"""\
 Judge an ops object (your own backend) against the float64 oracle: its protocol first, then
