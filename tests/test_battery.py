@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_testing_check_ops import ZeroesEmptyNodes
 
 import fovi_ref.knn_general as general
 from fovi_ref import get_ops
@@ -160,25 +161,6 @@ def test_a_failing_row_names_its_element_and_its_replay_runs_that_case_again():
     (same,) = [r for r in again.failures if r.quantity == "y"]
     assert same == row  # the same case: seeds come from the graph's name
     assert f"at y{list(row.index)}" in report.table(report.failures)
-
-
-class ZeroesEmptyNodes:
-    """general, with fovi 2.4.0's zeroed all-padding outputs."""
-
-    name = "zeroes_empty_nodes"
-
-    @staticmethod
-    def forward(meta, x, weight, bias):
-        y = get_ops("general").forward(meta, x, weight, bias)
-        return y.masked_fill(meta.pad_mask.all(dim=0), 0.0)
-
-    @staticmethod
-    def grad_input(meta, grad_y, weight):
-        return get_ops("general").grad_input(meta, grad_y, weight)
-
-    @staticmethod
-    def grad_weight(meta, grad_y, x):
-        return get_ops("general").grad_weight(meta, grad_y, x)
 
 
 def test_ratios_print_readably_and_an_exact_rule_failure_is_not_0_00():
