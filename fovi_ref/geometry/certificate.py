@@ -130,6 +130,17 @@ def _squared_distance_error(distance: torch.Tensor, reach: torch.Tensor) -> torc
     return 8 * U * reach**2 + 3 * U * distance**2 + 2 * distance * C_P * U * reach
 
 
+def _check_determined(name: str, what: str, field: str, wrong: torch.Tensor) -> None:
+    """Raise ``ValueError`` if a node called determined differs from float64 (``wrong [Nout]``)."""
+    if bool(wrong.any()):
+        nodes = wrong.nonzero().flatten()
+        raise ValueError(
+            f"graph {name!r}: the determined {what} of {len(nodes)} output node(s) (first: "
+            f"{nodes[:5].tolist()}) differs in graph.meta.{field} from the float64 recomputation "
+            "of its samplings; the graph was edited or hand-built inconsistently"
+        )
+
+
 def tie_certificate(graph: LayerGraph) -> TieCertificate:
     """Neighbour and cell margins of a graph built with fovi's arithmetic.
 
@@ -138,9 +149,10 @@ def tie_certificate(graph: LayerGraph) -> TieCertificate:
             no certificate: it refuses ambiguous decisions instead).
 
     Raises:
-        ValueError: for an exact graph.
-        AssertionError: never, unless the float64 recomputation disagrees with the graph on a
-            node it calls determined (a bug in this module).
+        ValueError: for an exact graph; and where the float64 recomputation disagrees with the
+            graph on a node it calls determined: the graph is not the one its samplings build
+            (edited or hand-built), or this module has a bug. This self-check is a ``raise``, not
+            an ``assert``, so ``python -O`` keeps it.
     """
     if graph.arithmetic != "fovi":
         raise ValueError(f"{graph.name}: a tie certificate is for fovi's float32 arithmetic")
@@ -163,9 +175,19 @@ def tie_certificate(graph: LayerGraph) -> TieCertificate:
     neighbour_margin = (d_next**2 - d_k**2) / (e_k + e_next)  # [Nout]
     exact_set = nearest.indices[:k].clamp(max=inputs.n).sort(dim=0).values  # [K, Nout]
     determined_set = neighbour_margin > 1
-    assert torch.equal(
-        exact_set[:, determined_set], graph.meta.knn.sort(dim=0).values[:, determined_set]
-    ), f"{graph.name}: a determined neighbour set differs from the float64 one"
+    graph_set = graph.meta.knn.sort(dim=0).values  # [K, Nout]
+    if graph_set.shape != exact_set.shape:
+        raise ValueError(
+            f"graph {graph.name!r}: knn has shape {tuple(graph.meta.knn.shape)}, but its "
+            f"samplings give [K, Nout] = {list(exact_set.shape)}; the graph is not the one its "
+            "samplings build"
+        )
+    _check_determined(
+        graph.name,
+        "neighbour set",
+        "knn",
+        (exact_set != graph_set).any(dim=0) & determined_set,  # [Nout]
+    )
 
     # ---- cell margin, on the neighbours the graph has
     if graph.v == 1:
@@ -216,7 +238,10 @@ def tie_certificate(graph: LayerGraph) -> TieCertificate:
     cell_margin = ((ranked.values[..., 1] - ranked.values[..., 0]) / bound).t()  # [Nout, K]
 
     decided = determined_set[:, None] & (cell_margin > 1)  # [Nout, K]
-    assert torch.equal(first.t()[decided], graph.meta.rf_index[decided]), (
-        f"{graph.name}: a determined cell differs from the float64 one"
+    _check_determined(
+        graph.name,
+        "cell",
+        "rf_index",
+        ((first.t() != graph.meta.rf_index) & decided).any(dim=1),  # [Nout]
     )
     return TieCertificate(graph.name, neighbour_margin, cell_margin.contiguous())

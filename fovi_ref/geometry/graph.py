@@ -34,7 +34,7 @@ from fovi_ref.geometry.sampling import (
     foveated_sampling,
     resolve_field_geometry,
 )
-from fovi_ref.meta import KNNMeta
+from fovi_ref.meta import KNNMeta, check_int
 
 __all__ = ["LayerGraph", "layer_graph"]
 
@@ -156,7 +156,24 @@ def layer_graph(
     default, ``"planar"`` for 2.4.0); ``arithmetic`` is ``"fovi"`` (fovi's float32 steps, whose
     near-ties depend on the machine) or ``"exact"`` (the same on every machine, see
     :mod:`~fovi_ref.geometry.exact`). The geometric part is cached per argument tuple.
+
+    Raises:
+        TypeError: naming the argument, for a non-str ``name`` or a non-int ``in_channels``,
+            ``out_channels``, ``k``, ``in_res`` or ``out_res`` (``bool`` and ``2.0`` included).
+        ValueError: naming the argument, for ``in_channels``, ``out_channels`` or ``k`` below 1,
+            ``in_res`` or ``out_res`` below 2, or a bad sampling parameter
+            (:func:`~fovi_ref.geometry.sampling.check_sampling_params`).
     """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__} {name!r}")
+    for arg, value, low in (
+        ("in_channels", in_channels, 1),
+        ("out_channels", out_channels, 1),
+        ("k (requested neighbours)", k, 1),
+        ("in_res (input rings)", in_res, 2),
+        ("out_res (output rings)", out_res, 2),
+    ):
+        check_int(arg, value, low=low)
     check_sampling_params(
         fov, cmf_a, fovi_version=fovi_version, field_geometry=field_geometry, arithmetic=arithmetic
     )

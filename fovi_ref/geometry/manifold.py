@@ -179,7 +179,8 @@ def cortical_coords(
     )  # [N, 3]
     if not np.isfinite(xyz).all():
         raise ValueError(
-            f"the cortical surface is undefined for fov={fov}, cmf_a={cmf_a} "
-            "(non-finite coordinates); use a smaller fov"
+            f"the {field_geometry!r} cortical surface is undefined for fov={fov}, cmf_a={cmf_a}: "
+            f"points up to {float(r.max()):.4g} deg from fixation (pads included) map to "
+            "non-finite coordinates; use a smaller fov"
         )
     return torch.from_numpy(xyz).to(dtype)

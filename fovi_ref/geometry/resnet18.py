@@ -37,6 +37,7 @@ from fovi_ref.geometry.sampling import (
     resolve_field_geometry,
     strided_res,
 )
+from fovi_ref.meta import check_int
 
 __all__ = [
     "RES18_DOWNSAMPLES",
@@ -75,7 +76,12 @@ class ConvSpec:
 
 
 def resnet18_plan(in_res: int = 64) -> list[ConvSpec]:
-    """The 20 convolutions of fovi's KNNResNet-18, in module order (see the module docstring)."""
+    """The 20 convolutions of fovi's KNNResNet-18, in module order (see the module docstring).
+
+    Raises ``TypeError`` for a non-int ``in_res``, ``ValueError`` for ``in_res < 32`` (a stride
+    would leave no ring).
+    """
+    check_int("in_res", in_res, low=1)
     r1 = strided_res(in_res, _STEM_STRIDE)
     plan = [ConvSpec("conv1", 3, 64, _STEM_K, in_res, r1)]
     res = strided_res(r1, _POOL_STRIDE)
@@ -102,8 +108,7 @@ def _check_resnet18_params(
     field_geometry: str | None,
     arithmetic: str,
 ) -> None:
-    if isinstance(in_res, bool) or not isinstance(in_res, int) or in_res < 1:
-        raise ValueError(f"in_res must be an int >= 1, got {in_res!r}")
+    check_int("in_res", in_res, low=1)
     check_sampling_params(
         fov,
         cmf_a,
@@ -178,11 +183,17 @@ def resnet18_layers(
         A new dict ``{module path: LayerGraph}`` each call; the records themselves are cached.
 
     Raises:
+        TypeError: naming the argument, for a non-int ``in_res`` or a non-number ``fov`` or
+            ``cmf_a``.
         ValueError: naming the argument, for ``in_res < 64`` (too few rings for layer4),
-            ``fov <= 0``, ``cmf_a <= 0``, an unknown ``style``, ``fovi_version`` or
-            ``field_geometry``, or a ``field_geometry`` the version does not have, or an unknown
-            ``arithmetic``; :class:`~fovi_ref.geometry.exact.AmbiguousGraphError` (a
-            ``ValueError``) where the exact construction cannot decide a tie for certain.
+            ``fov`` outside :data:`~fovi_ref.geometry.sampling.FOV_RANGE` (or above 180 on the
+            ``"legacy"`` surface), ``cmf_a / (fov/2)`` outside
+            :data:`~fovi_ref.geometry.sampling.CMF_A_RATIO_RANGE` (NaN and inf included), too
+            many rings for float32 to resolve at that ratio, an unknown ``style``,
+            ``fovi_version`` or ``field_geometry``, or a ``field_geometry`` the version does not
+            have, or an unknown ``arithmetic``;
+            :class:`~fovi_ref.geometry.exact.AmbiguousGraphError` (a ``ValueError``) where the
+            exact construction cannot decide a tie for certain.
     """
     _check_resnet18_params(in_res, fov, cmf_a, style, fovi_version, field_geometry, arithmetic)
     geometry = resolve_field_geometry(fovi_version, field_geometry)

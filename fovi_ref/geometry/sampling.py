@@ -58,18 +58,23 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from fovi_ref.geometry.manifold import FIELD_GEOMETRIES, check_field_geometry, cortical_coords
+from fovi_ref.meta import check_int
 
 __all__ = [
     "ARITHMETICS",
+    "CMF_A_RATIO_RANGE",
     "DEFAULT_FOVI_VERSION",
+    "FOV_RANGE",
     "FOVI_VERSIONS",
     "STYLES",
+    "LEGACY_MAX_FOV",
     "FoveatedSampling",
     "check_sampling_params",
     "foveated_sampling",
@@ -96,6 +101,26 @@ _VERSION_GEOMETRIES = {"2.4.0": FIELD_GEOMETRIES, "bf792c2": ("legacy",)}
 """Cortical surfaces each version has; the first is its default (bf792c2 predates "planar")."""
 
 _PAD_DEPTH = 0.5  # how far (in field-of-view radii) the pad rings reach past the edge
+
+FOV_RANGE = (1e-3, 1e4)
+"""Accepted ``fov`` (degrees). Far inside what float32 can map: eccentricities (pads reach
+``1.5 fov / 2``) are squared in float32, which overflows for ``fov`` above ``~2e19``; and a tiny
+``fov`` with a tiny ``cmf_a`` underflows the squares of the innermost rings."""
+
+CMF_A_RATIO_RANGE = (1e-12, 1e3)
+"""Accepted ``cmf_a / (fov / 2)``. The sampling depends (up to rounding) only on this ratio.
+Above it, ``log(r + a)`` barely changes across the field and float32 cannot tell the rings apart
+(``res = 64`` collapses rings from about ``1e5``: ZeroDivisionError, or NaN counts for
+``1e300``); below it, the planar surface's ``(r / a + 1)^2`` overflows float32 (from about
+``1e-19``). Both ends keep a wide margin; a finer float32 collapse (many rings at a large ratio)
+is caught by :func:`ring_radii`."""
+
+LEGACY_MAX_FOV = 180
+"""Largest ``fov`` accepted on the ``"legacy"`` surface, whose rings are sized as on a sphere
+(``sin(r deg)``): its slope ``sqrt(M^2 - rho'^2)`` stops being real near 130 degrees of
+eccentricity, and its ``z`` table (``1e-4``-degree mesh up to ``2 fov``) would grow without
+bound. Below the limit, a sampling whose pads reach that far is refused by
+:func:`~fovi_ref.geometry.manifold.cortical_coords`."""
 
 
 def resolve_field_geometry(fovi_version: str, field_geometry: str | None) -> str:
@@ -129,29 +154,46 @@ def check_sampling_params(
     field_geometry: str | None = None,
     arithmetic: str = "fovi",
 ) -> None:
-    """Raise ``ValueError`` naming the first bad argument.
+    """Raise ``ValueError`` (``TypeError`` for a wrong type) naming the first bad argument.
 
     Checked in order: ``style, res, fov, cmf_a``, then ``fovi_version`` and ``field_geometry``
-    (:func:`resolve_field_geometry`), then ``arithmetic`` (``"exact"`` needs fovi 2.4.0).
-    ``res`` (rings) is checked only when given; a sampling
-    needs ``res >= 2`` (one ring and the fixation point, which also fixes the pad ring's
-    spacing).
+    (:func:`resolve_field_geometry`), then ``arithmetic`` (``"exact"`` needs fovi 2.4.0), then
+    ``fov`` against the surface (:data:`LEGACY_MAX_FOV`). ``res`` (rings) is checked only when
+    given; a sampling needs ``res >= 2`` (one ring and the fixation point, which also fixes the
+    pad ring's spacing). ``fov`` must lie in :data:`FOV_RANGE` and ``cmf_a / (fov / 2)`` in
+    :data:`CMF_A_RATIO_RANGE` (see there for why).
     """
     if style not in STYLES:
         raise ValueError(f"style={style!r} is not supported; supported styles: {STYLES}")
-    if res is not None and (isinstance(res, bool) or not isinstance(res, int) or res < 2):
-        raise ValueError(f"res (number of rings) must be an int >= 2, got {res!r}")
+    if res is not None:
+        check_int("res (number of rings)", res, low=2)
     for arg, value, what in (("fov", fov, "field of view, degrees"), ("cmf_a", cmf_a, "a of M(r)")):
-        is_number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not (is_number and value > 0 and math.isfinite(value)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{arg} ({what}) must be a real number, got {type(value).__name__}")
+        if not (value > 0 and math.isfinite(value)):
             raise ValueError(f"{arg} ({what}) must be a finite number > 0, got {value!r}")
-    resolve_field_geometry(fovi_version, field_geometry)
+    lo, hi = FOV_RANGE
+    if not lo <= fov <= hi:
+        raise ValueError(f"fov (field of view, degrees) must be in [{lo:g}, {hi:g}], got {fov!r}")
+    lo, hi = (bound * fov / 2 for bound in CMF_A_RATIO_RANGE)
+    if not lo <= cmf_a <= hi:
+        raise ValueError(
+            f"cmf_a (a of M(r)) must be in [{lo:.3g}, {hi:.3g}] for fov={fov!r}, i.e. "
+            f"cmf_a / (fov/2) in [{CMF_A_RATIO_RANGE[0]:g}, {CMF_A_RATIO_RANGE[1]:g}]; "
+            f"got {cmf_a!r}"
+        )
+    geometry = resolve_field_geometry(fovi_version, field_geometry)
     if arithmetic not in ARITHMETICS:
         raise ValueError(f"arithmetic={arithmetic!r} is not supported; supported: {ARITHMETICS}")
     if arithmetic == "exact" and fovi_version != "2.4.0":
         raise ValueError(
             f"arithmetic='exact' follows fovi 2.4.0's formulas, not fovi_version={fovi_version!r}"
             " (use field_geometry='legacy' for the bf792c2 surface)"
+        )
+    if geometry == "legacy" and fov > LEGACY_MAX_FOV:
+        raise ValueError(
+            f"fov (field of view, degrees) must be <= {LEGACY_MAX_FOV} on the 'legacy' "
+            f"(spherical-ring) surface, got {fov!r}"
         )
 
 
@@ -191,6 +233,16 @@ def ring_radii(
     dw = (w_hi - w_lo) / (res - 1)
     w = torch.linspace(w_lo, w_hi + dw, steps=res + 1, dtype=dtype)  # [res+1]
     r = torch.exp(w) - cmf_a  # [res+1] degrees
+    steps = r[1:] - r[:-1]  # [res] dtype
+    radii = r[:res] / (fov / 2)  # [res]
+    if not (bool(torch.isfinite(r).all()) and bool((steps > 0).all())) or not bool(
+        (radii[1:] > radii[:-1]).all()
+    ):
+        raise ValueError(
+            f"{dtype} cannot resolve res={res} rings for fov={fov!r}, cmf_a={cmf_a!r}: "
+            "consecutive ring radii coincide (cmf_a too large for fov at this many rings); "
+            "use a smaller cmf_a / (fov/2) or fewer rings"
+        )
     counts = [1]
     for i in range(1, res):
         spacing = ((r[i] - r[i - 1]) + (r[i + 1] - r[i])) / 2  # dtype
@@ -198,7 +250,6 @@ def ring_radii(
         ratio = float(circumference) / float(spacing)
         exact = dtype == torch.float64
         counts.append(_certain_ceil(ratio, f"points on ring {i}") if exact else math.ceil(ratio))
-    radii = r[:res] / (fov / 2)  # [res]
     return radii, tuple(counts)
 
 
