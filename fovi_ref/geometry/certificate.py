@@ -141,6 +141,25 @@ def _check_determined(name: str, what: str, field: str, wrong: torch.Tensor) -> 
         )
 
 
+def _check_shapes(graph: LayerGraph, n_in: int, n_out: int) -> None:
+    """Raise ``ValueError`` unless the graph's parts agree with each other and its samplings."""
+    meta, name = graph.meta, graph.name
+    problems = []
+    if meta.n_in != n_in or meta.n_out != n_out:
+        problems.append(
+            f"meta has n_in={meta.n_in}, n_out={meta.n_out} but its samplings have {n_in}, {n_out}"
+        )
+    if tuple(graph.raw_knn.shape) != tuple(meta.knn.shape):
+        problems.append(
+            f"meta.knn has shape {tuple(meta.knn.shape)} but raw_knn has "
+            f"{tuple(graph.raw_knn.shape)}"
+        )
+    if graph.ref_grid.shape[0] != meta.v:
+        problems.append(f"meta.v={meta.v} but ref_grid has {graph.ref_grid.shape[0]} cells")
+    if problems:
+        raise ValueError(f"graph {name!r} is inconsistent: " + "; ".join(problems))
+
+
 def tie_certificate(graph: LayerGraph) -> TieCertificate:
     """Neighbour and cell margins of a graph built with fovi's arithmetic.
 
@@ -161,6 +180,7 @@ def tie_certificate(graph: LayerGraph) -> TieCertificate:
         foveated_sampling(graph.in_res, *args),
         foveated_sampling(graph.out_res, *args),
     )
+    _check_shapes(graph, inputs.n, outputs.n)
     candidates = torch.cat([inputs.cortical, inputs.pad_cortical]).double()  # [Nin+P, 3]
     nodes = outputs.cortical.double()  # [Nout, 3]
     k = graph.k
@@ -176,12 +196,6 @@ def tie_certificate(graph: LayerGraph) -> TieCertificate:
     exact_set = nearest.indices[:k].clamp(max=inputs.n).sort(dim=0).values  # [K, Nout]
     determined_set = neighbour_margin > 1
     graph_set = graph.meta.knn.sort(dim=0).values  # [K, Nout]
-    if graph_set.shape != exact_set.shape:
-        raise ValueError(
-            f"graph {graph.name!r}: knn has shape {tuple(graph.meta.knn.shape)}, but its "
-            f"samplings give [K, Nout] = {list(exact_set.shape)}; the graph is not the one its "
-            "samplings build"
-        )
     _check_determined(
         graph.name,
         "neighbour set",

@@ -90,7 +90,8 @@ def _z_legacy_slope(r: np.ndarray, cmf_a: float) -> np.ndarray:
     m = _magnification(r, cmf_a)
     dm_dr = -MAGNIFICATION_SCALE * ((cmf_a + r) ** -2)
     drho_dr = dm_dr * np.sin(np.deg2rad(r)) * _DEG_PER_RAD + m * np.cos(np.deg2rad(r))
-    return (m**2 - drho_dr**2) ** 0.5
+    with np.errstate(invalid="ignore"):  # NaN where not real; cortical_coords refuses those
+        return (m**2 - drho_dr**2) ** 0.5
 
 
 @functools.lru_cache(maxsize=8)
