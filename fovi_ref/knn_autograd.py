@@ -31,10 +31,10 @@ import torch
 
 import fovi_ref.knn_transforms as transforms
 from fovi_ref.knn_gather_gemm import GatherGemmOps, gather_gemm_applies
-from fovi_ref.knn_general import GeneralOps
 from fovi_ref.layout import fovi_layout_empty
 from fovi_ref.meta import DTYPES, Derived, KNNMeta, check_dense
 from fovi_ref.registry import get_ops
+from fovi_ref.strategies import GeneralOps
 
 __all__ = ["derive_for", "knn_conv", "prepare", "route", "route_layer"]
 

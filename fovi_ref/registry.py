@@ -1,4 +1,4 @@
-"""The backends ``knn_conv`` can run, by name: the three built-in ones, registered on import, and
+"""The backends ``knn_conv`` can run, by name: the four built-in ones, registered on import, and
 any other following the protocol of :mod:`fovi_ref.knn_autograd` (:func:`register_ops`)."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from typing import Any
 
 from fovi_ref.knn_einsum_baseline import EinsumBaselineOps
 from fovi_ref.knn_gather_gemm import GatherGemmOps
-from fovi_ref.knn_general import GeneralOps
+from fovi_ref.knn_general import GeneralTextbookOps
+from fovi_ref.strategies import GeneralOps
 
 __all__ = ["available_ops", "get_ops", "register_ops", "unregister_ops"]
 
@@ -46,5 +47,5 @@ def available_ops() -> list[str]:
     return sorted(_REGISTRY)
 
 
-for _builtin in (GeneralOps, GatherGemmOps, EinsumBaselineOps):
+for _builtin in (GeneralOps, GeneralTextbookOps, GatherGemmOps, EinsumBaselineOps):
     register_ops(_builtin)

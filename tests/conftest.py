@@ -9,7 +9,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-from fovi_ref import KNNMeta, knn_general
+from fovi_ref import KNNMeta
+from fovi_ref.strategies import occupied_cells
 
 # Hypothesis profiles for tests/test_properties.py: by default a few derandomized examples per
 # test (fast, the same every run); HYPOTHESIS_PROFILE=long (make properties): many random ones.
@@ -37,8 +38,9 @@ def one_thread():
 
 def force_cells(monkeypatch, on: bool) -> None:
     """Make general run its GEMMs per occupied cell (``on``) or dense, whatever its estimate
-    (``knn_general.cells_estimate``) would choose, so that both paths are judged on any graph."""
-    monkeypatch.setattr(knn_general, "CELLS_AT_MOST", math.inf if on else -math.inf)
+    (``occupied_cells.estimate``) would choose, so that both paths are judged on any graph. Set
+    it before the graph's plans are derived: they hold the cell plans only where cells apply."""
+    monkeypatch.setattr(occupied_cells, "CELLS_AT_MOST", math.inf if on else -math.inf)
 
 
 # Every backend adds the bias inside its GEMM (fovi_ref.layout; einsum_baseline hands F.linear

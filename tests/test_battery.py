@@ -15,10 +15,10 @@ import pytest
 import torch
 from test_testing_check_ops import ZeroesEmptyNodes
 
-import fovi_ref.knn_general as general
 from fovi_ref import get_ops
 from fovi_ref.check.check_ops import CHECKS, DEFAULT, OpsReport, ReportRow, check_ops
 from fovi_ref.check.graphs import BOUNDARIES, SPANNING, graph_seed, spanning_graph
+from fovi_ref.segment_sum import SegmentSumPlan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -81,15 +81,16 @@ def test_the_default_battery_is_the_spanning_graphs_and_they_hold_every_boundary
         assert g.meta.has_padding, name
 
 
-# general's internal paths, told apart by the segment-sum plans they read
+# general's strategies, told apart by the segment-sum plans they read (fovi_ref.strategies)
 PLAN_PATHS = {
-    "forward_nodes": "node rows",
-    "backward_nodes": "node rows",
-    "forward": "channel rows",
-    "backward": "channel rows",
-    "backward_block": "channel blocks",
-    "cells_forward": "per-cell GEMMs",
-    "cells_backward": "per-cell GEMMs",
+    "node_bin": "node rows",
+    "node_unbin": "node rows",
+    "bin": "channel rows",
+    "unbin": "channel rows",
+    "block_unbin": "channel blocks",
+    "block_rest_unbin": "channel blocks",
+    "cell_bin": "per-cell GEMMs",
+    "cell_unbin": "per-cell GEMMs",
 }
 PATHS = ("node rows", "channel rows", "channel blocks", "per-cell GEMMs", "hub trees")
 
@@ -97,19 +98,16 @@ PATHS = ("node rows", "channel rows", "channel blocks", "per-cell GEMMs", "hub t
 def paths_reached(names, monkeypatch) -> dict[str, set[str]]:
     """Which of :data:`PATHS` general takes on each graph, under the oracle and doors checks."""
     hits: set[str] = set()
-    from_derived, segment_sum = general.SegmentSumPlan.from_derived.__func__, general.segment_sum
+    from_derived = SegmentSumPlan.from_derived.__func__
 
-    def plan_spy(cls, data, prefix):
+    def plan_spy(cls, data, prefix):  # a plan is read right before its sum runs
         hits.add(PLAN_PATHS[prefix])
-        return from_derived(cls, data, prefix)
-
-    def sum_spy(values, plan):
-        if plan.trees:
+        plan = from_derived(cls, data, prefix)
+        if plan.tree_dst.numel():
             hits.add("hub trees")
-        return segment_sum(values, plan)
+        return plan
 
-    monkeypatch.setattr(general.SegmentSumPlan, "from_derived", classmethod(plan_spy))
-    monkeypatch.setattr(general, "segment_sum", sum_spy)
+    monkeypatch.setattr(SegmentSumPlan, "from_derived", classmethod(plan_spy))
     reached = {}
     for name in names:
         hits.clear()

@@ -56,7 +56,7 @@ def test_a_registered_backend_and_a_module_object_pass_with_exit_0(capsys, tmp_p
     assert text.startswith("check 'general': protocol PASS; graphs nout_65")
     assert "oracle 3/3, doors 4/4" in text and ": PASS in " in text
     assert json.loads(out.read_text())["ok"] is True
-    assert main(["check", "fovi_ref.knn_general:GeneralOps", *QUICK]) == 0
+    assert main(["check", "fovi_ref.knn_general:GeneralTextbookOps", *QUICK]) == 0
 
 
 def test_a_wrong_backend_from_a_file_fails_with_exit_1_naming_the_element(capsys, backend_file):

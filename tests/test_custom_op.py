@@ -97,7 +97,7 @@ def test_export_carries_derived_data_as_buffers_and_matches_eager(monkeypatch):
     ops = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert "fovi_ref.knn_conv.default" in ops
     buffers = {spec.target for spec in program.graph_signature.input_specs if spec.target}
-    assert {"0.derived_forward_first", "2.derived_index", "2.knn"} <= buffers
+    assert {"0.derived_bin_first", "2.derived_index", "2.knn"} <= buffers
     torch.testing.assert_close(program.module()(x), model(x), rtol=0, atol=0)
     assert derivations == []
 

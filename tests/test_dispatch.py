@@ -26,7 +26,7 @@ from fovi_ref.knn_gather_gemm import GatherGemmOps
 
 
 def test_builtin_backends_are_registered():
-    assert available_ops() == ["einsum_baseline", "gather_gemm", "general"]
+    assert available_ops() == ["einsum_baseline", "gather_gemm", "general", "general_textbook"]
     for name in available_ops():
         assert get_ops(name).name == name
 

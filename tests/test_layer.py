@@ -107,7 +107,7 @@ def test_derived_data_are_non_persistent_buffers():
     layer = KNNConv(3, 5, random_meta(9, 9))
     buffers = dict(layer.named_buffers())
     derived = {name for name in buffers if name.startswith("derived_")}
-    assert derived and "derived_forward_first" in derived  # general's segment-sum plans
+    assert derived and "derived_bin_first" in derived  # general's segment-sum plans
     assert set(layer.state_dict()) == {"weight", "bias", "knn", "rf_index", "_extra_state"}
     layer.backend = "einsum_baseline"  # another backend: its own derived data replace them
     assert {n for n, _ in layer.named_buffers() if n.startswith("derived_")} == {"derived_local_rf"}
@@ -304,7 +304,7 @@ def test_a_state_dict_value_that_is_not_a_tensor_is_refused():
         _unchanged(layer, before)
 
 
-@pytest.mark.parametrize("name", ["knn", "rf_index", "derived_forward_first"])
+@pytest.mark.parametrize("name", ["knn", "rf_index", "derived_bin_first"])
 def test_the_graph_and_its_derived_data_cannot_be_deleted_or_replaced(name):
     layer = KNNConv(3, 4, random_meta(2, 4))
     before = _snapshot(layer)
@@ -407,7 +407,7 @@ def test_functional_call_with_a_graph_or_derived_buffer_is_refused():
     x = torch.randn(8, 3, layer.meta.n_in)
     swaps = [
         {"knn": other.knn},
-        {"derived_forward_first": torch.zeros_like(layer.derived_forward_first)},
+        {"derived_bin_first": torch.zeros_like(layer.derived_bin_first)},
     ]
     for buffers in swaps:
         with pytest.raises(ValueError, match=r"swapped .*layer\.meta = KNNMeta"):

@@ -16,7 +16,7 @@ from fovi_ref.check.bench.budget import forced_grad_input_path
 from fovi_ref.check.bench.layers import empty_cell_share
 from fovi_ref.check.cli import main
 from fovi_ref.geometry import get_layer
-from fovi_ref.knn_general import GeneralOps
+from fovi_ref.strategies import GeneralOps
 
 
 def test_verify_writes_results_and_passes(tmp_path, capsys):
@@ -214,7 +214,7 @@ def general_row(invalid: list[str]) -> dict:
         "K": 9,
         "dtype": "float32",
         "batch": 64,
-        "over cells": True,
+        "strategy": "occupied_cells",
         "ms": {"general": 12.34},
         "rounds": 5,
         "empty cells": 0.5,

@@ -26,8 +26,9 @@ from fovi_ref import KNNMeta, available_ops, dtype_name, get_ops
 from fovi_ref.check.bench.hub import hub_meta
 from fovi_ref.check.operands import forward_and_grads, sample_operands
 from fovi_ref.check.tolerances import expected_quantities, judge_elementwise
-from fovi_ref.knn_general import HUB, derive
 from fovi_ref.reference import knn_conv_reference
+from fovi_ref.segment_sum import HUB
+from fovi_ref.strategies import derive
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 STYLES = ("normal", "wide", "tiny", "integers")
@@ -48,7 +49,7 @@ def _k1_v1_only(backend: str) -> bool:
 def graphs(draw, k1_v1: bool = False, hub: bool = False) -> KNNMeta:
     """A graph with padding anywhere (all-padding rows included), repeated neighbours, shared
     cells and unused inputs wherever the draw puts them. ``hub``: more outputs than
-    ``knn_general.HUB``, every one reading one drawn input first (a hub, summed in a tree)."""
+    ``segment_sum.HUB``, every one reading one drawn input first (a hub, summed in a tree)."""
     k = 1 if k1_v1 else draw(st.integers(1, 4))
     v = 1 if k1_v1 else draw(st.integers(1, 4))
     n_in = draw(st.integers(1, 6))

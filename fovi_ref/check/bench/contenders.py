@@ -20,11 +20,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fovi_ref import KNNMeta, get_ops, knn_general
+from fovi_ref import KNNMeta, get_ops
 from fovi_ref.check.bench.timing import time_contenders
 from fovi_ref.check.operands import forward_and_grads, sample_operands
 from fovi_ref.grid import square_grid_for
 from fovi_ref.knn_einsum_baseline import EinsumBaselineOps
+from fovi_ref.strategies import GeneralOps, occupied_cells
 
 __all__ = [
     "Contender",
@@ -113,15 +114,21 @@ def _per_cell_products(inputs: Inputs) -> dict[str, Callable[[], list[torch.Tens
     Cout]`` (row ``t*B + b``, cell-major blocks) and per-cell weights ``[V, Cout, Cin]``."""
     meta, like = inputs.meta, inputs.x
     batch, c_out = inputs.grad_y.shape[:2]
-    blocks = knn_general.cell_slices(meta, batch)
-    rows = batch * sum(knn_general.cell_blocks(meta))  # T*B
+    data = meta.derived(GeneralOps.name, GeneralOps.derive)
+    blocks = []  # (v, rows of cell v's block)
+    start = 0
+    for v, count in enumerate(occupied_cells.pairs_per_cell(data)):
+        if count:
+            blocks.append((v, slice(start * batch, (start + count) * batch)))
+        start += count
+    rows = batch * start  # T*B
     z = torch.randn(rows, meta.in_channels, device=like.device).to(like.dtype)  # [T*B, Cin]
     g = torch.randn(rows, c_out, device=like.device).to(like.dtype)  # [T*B, Cout]
     w = torch.randn(meta.v, c_out, meta.in_channels, device=like.device).to(like.dtype)
     return {
-        "forward": lambda: [z[r] @ w[v].t() for v, r, _ in blocks],
-        "input gradient": lambda: [g[r] @ w[v] for v, r, _ in blocks],
-        "weight gradient": lambda: [g[r].t() @ z[r] for v, r, _ in blocks],
+        "forward": lambda: [z[r] @ w[v].t() for v, r in blocks],
+        "input gradient": lambda: [g[r] @ w[v] for v, r in blocks],
+        "weight gradient": lambda: [g[r].t() @ z[r] for v, r in blocks],
     }
 
 
@@ -155,7 +162,8 @@ def gemm_floor(inputs: Inputs, trials: int = 5, *, cells: bool = False) -> Conte
     the fastest: the floor is the best any implementation running these GEMMs can do. With
     ``cells`` (K > 1 graphs) the candidates include each product run per occupied cell, one GEMM
     per cell over only the ``(node, cell)`` pairs a real neighbour falls in (as ``general`` runs
-    them where :func:`fovi_ref.knn_general.over_cells` holds), operands laid out beforehand: the
+    them where :func:`fovi_ref.strategies.choose_strategy` picks occupied cells), operands laid
+    out beforehand: the
     dense GEMMs multiply the empty cells' zeros too, so a cell-skipping implementation could
     otherwise run below the floor.
     """

@@ -4,7 +4,7 @@ A *hub* graph has one input that many outputs read: ``knn[0, n] = 0`` for every 
 (fan-out ``F = Nout``), the other neighbours drawn at random. Foveated graphs have such inputs
 near the fovea and the pads. ``general``'s backward sums, for the hub's row, ``F`` terms per
 channel: a plan with one round per term costs ``O(F)`` index operations per call and ``O(F*E)``
-to build; :mod:`fovi_ref.knn_general` sums rows with more than ``HUB`` terms in a pairwise tree
+to build; :mod:`fovi_ref.segment_sum` sums rows with more than ``HUB`` terms in a pairwise tree
 instead, and builds plans from sorts.
 
 For each fan-out: the time to derive ``general``'s plans, and forward + backward of ``general``
@@ -22,7 +22,7 @@ from fovi_ref import KNNMeta, dtype_name
 from fovi_ref.check.bench import targets, timing
 from fovi_ref.check.bench.contenders import fovi_einsum, knn_backend, make_inputs
 from fovi_ref.check.jobs import progress
-from fovi_ref.knn_general import derive
+from fovi_ref.strategies import derive
 
 __all__ = ["FAN_OUTS", "hub_meta", "hub_rows", "run"]
 

@@ -34,10 +34,11 @@ from pathlib import Path
 
 import torch
 
-from fovi_ref import DTYPES, KNNMeta, knn_general, route
+from fovi_ref import DTYPES, KNNMeta, route
 from fovi_ref.check.bench import contenders, profile, targets, timing
 from fovi_ref.check.jobs import layer_names, progress, shared_graph_groups
 from fovi_ref.geometry import RES18_DOWNSAMPLES, get_layer
+from fovi_ref.strategies import occupied_cells, strategy_for
 
 
 def ratio_of(row: dict, name: str) -> timing.Ratio:
@@ -146,7 +147,7 @@ GENERAL_RATIOS = {
 def empty_cell_share(meta: KNNMeta) -> float:
     """The share of ``(node, cell)`` pairs that no real neighbour falls in: zero columns of the
     cell features ``[B*Nout, Cin*V]`` that every dense GEMM multiplies."""
-    occupied = sum(knn_general.cell_blocks(meta))  # T pairs
+    occupied = len(occupied_cells.pairs(meta)["cell_node"])  # T pairs
     return 1.0 - occupied / (meta.n_out * meta.v)
 
 
@@ -185,7 +186,7 @@ def bench_general(args, device, dtype_name, names) -> list[dict]:
             "dtype": dtype_name,
             "K": layer.meta.k,
             "empty cells": empty_cell_share(layer.meta),
-            "over cells": knn_general.over_cells(layer.meta, batch),
+            "strategy": strategy_for(layer.meta, batch, device, dtype).strategy,
             "ms": {k: 1e3 * v for k, v in measured.medians().items()},
             "MiB": {k: v / 2**20 for k, v in memory.items()},
             # Peak bytes are counted, not timed: no spread.
@@ -330,15 +331,15 @@ def print_general_table(rows: list[dict]) -> None:
     print("time = general / einsum; floor = the three GEMMs of the layer alone / einsum, each")
     print("the faster of dense and one GEMM per occupied cell (no implementation that runs those")
     print("products can have a time below it); /floor = time / floor; /dense = time / the floor")
-    print("of dense GEMMs alone (no target); gemms = how general ran its GEMMs")
+    print("of dense GEMMs alone (no target); strategy = what general ran (fovi_ref.strategies)")
     print(
-        f"{'layers':<24}{'K':>3}{'dtype':>9}{'batch':>6}{'gemms':>9}{'gen ms':>8}{'time':>11}"
+        f"{'layers':<24}{'K':>3}{'dtype':>9}{'batch':>6}{'strategy':>15}{'gen ms':>8}{'time':>11}"
         f"{'floor':>11}{'/floor':>11}{'/dense':>11}{'memory':>7}{'verdict':>9}"
     )
     for r in rows:
         print(
             f"{row_name(r):<24}{r['K']:>3}{r['dtype']:>9}{r['batch']:>6}"
-            f"{'per cell' if r['over cells'] else 'dense':>9}"
+            f"{r['strategy']:>15}"
             f"{timed(r, format(r['ms']['general'], '.2f')):>8}"
             f"{mark(r, 'general / einsum time'):>11}"
             f"{mark(r, 'gemm floor / einsum time'):>11}{mark(r, 'general / gemm floor'):>11}"
@@ -352,7 +353,7 @@ def print_general_table(rows: list[dict]) -> None:
         print(textwrap.fill(text, 98, initial_indent="  ", subsequent_indent="  "))
     shares = [f"{r['layer'].split(', ')[0]} {r['empty cells']:.0%}" for r in rows]
     print("empty cells, whose zero features dense GEMMs multiply (the per-cell GEMMs skip them;")
-    print("general runs per cell where knn_general.cells_estimate says it pays):")
+    print("general runs per cell where fovi_ref.strategies.choose_strategy says it pays):")
     print(textwrap.fill(", ".join(dict.fromkeys(shares)), 98, initial_indent="  ",
                         subsequent_indent="  "))  # fmt: skip
 

@@ -1,0 +1,239 @@
+"""Each strategy of the routed ``general`` held to the textbook, and the choice between them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import DEVICES, force_cells, random_meta, sample_inputs
+from test_segment_sum import order_sensitive_rows
+
+from fovi_ref import KNNMeta, knn_conv
+from fovi_ref.check.operands import forward_and_grads
+from fovi_ref.check.tolerances import QUANTITIES, expected_quantities, judge_elementwise
+from fovi_ref.geometry import get_layer
+from fovi_ref.knn_general import bin_entries
+from fovi_ref.knn_general import derive as textbook_derive
+from fovi_ref.segment_sum import HUB, SegmentSumPlan, segment_sum
+from fovi_ref.strategies import (
+    STRATEGIES,
+    GeneralOps,
+    channel_blocks,
+    choose_strategy,
+    derive,
+    forced_ops,
+    node_rows,
+    occupied_cells,
+)
+
+SAME_ORDER = ("node_rows", "channel_blocks")  # sums in the textbook's order: bit for bit
+
+
+def _all_four(meta, batch, dtype, device):
+    """x, weight, bias and grad_y of ``batch`` samples, and the textbook's y and gradients."""
+    x, w, b = sample_inputs(meta, batch=batch, dtype=dtype)
+    grad_y = torch.randn(batch, w.shape[0], meta.n_out, dtype=dtype, device=device)
+    return (x, w, b, grad_y), forward_and_grads(x, w, b, meta, grad_y, "general_textbook")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("strategy", SAME_ORDER)
+@pytest.mark.parametrize("batch", [1, 3, 9])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_strategies_in_the_textbooks_order_meet_the_rule(
+    strategy, batch, dtype, device, monkeypatch
+):
+    """Node rows and channel blocks add the same terms in the same order as the textbook (hub
+    trees included: this graph's inputs are read by more than HUB outputs); only the GEMM's
+    layout may differ, and the GEMM's rounding with it (a GEMM over a slice of the weight's
+    columns may round otherwise than the whole one). So: every quantity by the rule, and
+    channel blocks' y and grad_weight, the textbook's own code, bit for bit. The sums alone
+    are compared bit for bit by the two tests below."""
+    monkeypatch.setattr(channel_blocks, "BLOCK_ROWS", 2 * 9 * 4 * HUB)  # 2 channels a block
+    meta = random_meta(9, 9, n_in=25, n_out=4 * HUB, in_channels=5, seed=5, device=device)
+    assert channel_blocks.block_channels(meta) == 2  # blocks of 2, 2 and 1: a remainder
+    args, textbook = _all_four(meta, batch, dtype, device)
+    got = forward_and_grads(*args[:3], meta, args[3], forced_ops(strategy))
+    expected = expected_quantities(*args[:3], meta, args[3])
+    for what, g, t in zip(QUANTITIES, got, textbook, strict=True):
+        assert judge_elementwise(g, expected[what]).ok, what
+        if strategy == "channel_blocks" and what != "grad_x":
+            assert torch.equal(g, t), what
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("direction", ["bin", "unbin"])
+def test_node_rows_sum_like_channel_rows_bit_for_bit(direction, device):
+    """The node plans (one channel's entries) applied to node rows ``[N, B*Cin]`` give the
+    textbook's sums on channel rows ``[Cin*N, B]`` bit for bit: same rows, same order, hub
+    trees included (the unbinning of this graph has hubs)."""
+    c_in, batch, n_out = 3, 2, 4 * HUB
+    meta = random_meta(9, 9, n_in=25, n_out=n_out, in_channels=c_in, seed=5, device=device)
+    data = derive(meta)
+    rows = meta.n_in if direction == "bin" else meta.v * n_out  # source rows per channel
+    values = order_sensitive_rows(c_in * rows, batch, device)  # [Cin*rows, B], channel rows
+    channel_sums = segment_sum(values, SegmentSumPlan.from_derived(data, direction))
+    nodes = values.view(c_in, rows, batch).permute(1, 2, 0).reshape(rows, batch * c_in)
+    node_sums = segment_sum(nodes, SegmentSumPlan.from_derived(data, f"node_{direction}"))
+    as_channels = node_sums.view(-1, batch, c_in).permute(2, 0, 1).reshape(-1, batch)
+    assert torch.equal(as_channels, channel_sums)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_channel_blocks_sum_like_the_whole_plan_bit_for_bit(device, monkeypatch):
+    """The block plans (the first cb channels' entries, and the first Cin mod cb for the last
+    block) applied block by block give the textbook's unbinning bit for bit, hubs included."""
+    monkeypatch.setattr(channel_blocks, "BLOCK_ROWS", 4 * 9 * 4 * HUB)  # 4 channels a block
+    meta = random_meta(9, 9, n_in=25, n_out=4 * HUB, in_channels=7, seed=5, device=device)
+    cb = channel_blocks.block_channels(meta)
+    assert cb == 4 and meta.in_channels % cb == 3
+    data = channel_blocks.derive(meta)
+    _, x_row = bin_entries(meta)
+    assert bool((torch.bincount(x_row) > HUB).any())
+    values = order_sensitive_rows(meta.in_channels * meta.v * meta.n_out, 3, device)
+    whole = segment_sum(values, SegmentSumPlan.from_derived(textbook_derive(meta), "unbin"))
+    rows_in, rows_out = meta.v * meta.n_out, meta.n_in  # per channel
+    for c, prefix in ((0, "block_unbin"), (4, "block_rest_unbin")):
+        end = min(c + cb, meta.in_channels)
+        plan = SegmentSumPlan.from_derived(data, prefix)
+        got = segment_sum(values[c * rows_in : end * rows_in], plan)
+        assert torch.equal(got, whole[c * rows_out : end * rows_out]), prefix
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,v,in_channels", [(9, 9, 6), (4, 3, 5), (1, 1, 4)])
+def test_channel_blocked_input_gradient_matches_oracle(k, v, in_channels, device, monkeypatch):
+    """The input gradient in blocks of one channel, through the routed backend (forced to block
+    by a zero WHOLE_BYTES), meets the rule against the float64 oracle."""
+    meta = random_meta(k, v, in_channels=in_channels, seed=7, device=device)
+    x, w, b = sample_inputs(meta)
+    grad_y = torch.randn(x.shape[0], 4, meta.n_out, dtype=torch.float64, device=device)
+    monkeypatch.setattr(channel_blocks, "BLOCK_ROWS", meta.v * meta.n_out)
+    monkeypatch.setattr(channel_blocks, "WHOLE_BYTES", 0)
+    monkeypatch.setattr(node_rows, "FEW_SAMPLES", 0)
+    monkeypatch.setattr(node_rows, "FEW_COLUMNS", 0)
+    blocked = random_meta(k, v, in_channels=in_channels, seed=7, device=device)  # new derive
+    assert channel_blocks.block_channels(blocked) == 1
+    data = derive(blocked)
+    choice = choose_strategy(blocked, data, x.shape[0], x.device, x.element_size())
+    assert choice.strategy == "channel_blocks" or device != "cpu"
+    got = forward_and_grads(x, w, b, blocked, grad_y, "general")
+    expected = expected_quantities(x, w, b, meta, grad_y)
+    for what, g in zip(QUANTITIES, got, strict=True):
+        verdict = judge_elementwise(g, expected[what])
+        assert verdict.ok, f"{what}: {verdict}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pair_features_are_the_occupied_node_row_sums_bit_for_bit(device):
+    """Over occupied cells, the binning lands each (node, cell) pair in its own row: the rows
+    the node plan writes for the occupied pairs, bit for bit (same terms, same order), and
+    nothing for the empty ones."""
+    meta = random_meta(9, 9, n_in=25, n_out=4 * HUB, in_channels=3, seed=5, device=device)
+    data = {**derive(meta), **occupied_cells.derive(meta)}
+    batch = 2
+    nodes = order_sensitive_rows(meta.n_in, batch * meta.in_channels, device)  # [Nin, B*Cin]
+    z_nodes = segment_sum(nodes, SegmentSumPlan.from_derived(data, "node_bin"))
+    z_pairs = segment_sum(nodes, SegmentSumPlan.from_derived(data, "cell_bin"))
+    cells, _ = bin_entries(meta)
+    occupied = torch.unique(cells[: cells.numel() // meta.in_channels])  # rows v*Nout + n
+    assert occupied.numel() < meta.v * meta.n_out  # the graph has empty cells
+    assert torch.equal(z_pairs, z_nodes[occupied])
+    assert sum(occupied_cells.pairs_per_cell(data)) == occupied.numel()
+    empty = torch.ones(meta.v * meta.n_out, dtype=torch.bool, device=device)
+    empty[occupied] = False
+    assert not z_nodes[empty].any()  # what the per-cell GEMMs skip is zero
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch", [1, 6])
+def test_occupied_cells_meet_the_rule_against_the_oracle(batch, device):
+    """Per-cell GEMMs add the products in another order than the textbook's one GEMM: held to
+    the oracle by the elementwise rule, forced, at few samples and beyond."""
+    meta = random_meta(9, 9, n_in=25, n_out=4 * HUB, in_channels=3, seed=5, device=device)
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        args, _ = _all_four(meta, batch, dtype, device)
+        got = forward_and_grads(*args[:3], meta, args[3], forced_ops("occupied_cells"))
+        expected = expected_quantities(*args[:3], meta, args[3])
+        for what, g in zip(QUANTITIES, got, strict=True):
+            assert judge_elementwise(g, expected[what]).ok, (dtype, what)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_cell_nobody_occupies_gets_an_exactly_zero_weight_gradient(device, monkeypatch):
+    """Cell 2 of 4 is empty at every node: over cells its block is never multiplied, and its
+    weight columns (c*V + 2) get exact zeros, as the dense GEMM's zero features give them."""
+    force_cells(monkeypatch, True)
+    meta = random_meta(4, 4, seed=2, device=device)
+    rf_index = meta.rf_index.clone()
+    rf_index[rf_index == 2] = 3
+    meta = KNNMeta.from_knn(meta.knn, rf_index, n_in=meta.n_in, in_channels=meta.in_channels, v=4)
+    data = derive(meta)
+    assert occupied_cells.pairs_per_cell(data)[2] == 0
+    assert choose_strategy(meta, data, 3, meta.device).strategy == "occupied_cells"
+    x, w, b = sample_inputs(meta, batch=3)
+    grad_y = torch.randn(3, 4, meta.n_out, dtype=torch.float64, device=device)
+    got = forward_and_grads(x, w, b, meta, grad_y, "general")
+    expected = expected_quantities(x, w, b, meta, grad_y)
+    for what, g in zip(QUANTITIES, got, strict=True):
+        assert judge_elementwise(g, expected[what]).ok, what
+    assert torch.equal(got[2][:, 2::4], torch.zeros_like(got[2][:, 2::4]))
+
+
+def _strategy(name: str, batch: int, device: str = "cpu") -> str:
+    meta = get_layer(name).meta
+    data = meta.derived(GeneralOps.name, GeneralOps.derive)
+    return choose_strategy(meta, data, batch, torch.device(device)).strategy
+
+
+def test_the_choice_on_res18():
+    """The choice is a function of the graph, the batch and the device (so are the results): per
+    cell for layer3/layer4 at large batches, where many products are of empty cells' zeros;
+    never for layer1 (many pairs per node, few channels) nor at few samples; not where the pair
+    features outgrow PAIR_BYTES; node rows at few samples; blocks for layer1's large grad_z on
+    a CPU only."""
+    assert _strategy("layer3.0.conv2", 16) == "occupied_cells"
+    assert _strategy("layer4.0.conv2", 64) == "occupied_cells"
+    assert _strategy("layer4.0.conv2", 16) != "occupied_cells"  # the weight's copies outweigh it
+    assert "occupied_cells" not in {_strategy("layer1.0.conv1", b) for b in (1, 16, 256)}
+    assert _strategy("layer3.0.conv2", node_rows.FEW_SAMPLES) == "node_rows"
+    assert _strategy("conv1", 1) == "node_rows"
+    assert _strategy("layer2.0.conv2", 64) == "occupied_cells"
+    assert _strategy("layer2.0.conv2", 256) != "occupied_cells"  # 69 MB of pair features
+    assert _strategy("layer1.0.conv1", 64) == "channel_blocks"
+    assert _strategy("layer1.0.conv1", 64, "cuda") == "textbook"
+    assert _strategy("layer1.0.conv1", 8) == "textbook"
+
+
+def test_derived_data_holds_only_the_plans_a_graph_can_reach():
+    """layer1 never runs per cell (no cell plans) but blocks at a large batch (block plans);
+    layer4.0.conv2 runs per cell (cell plans) in one block (no block plans)."""
+    layer1 = derive(get_layer("layer1.0.conv1").meta)
+    layer4 = derive(get_layer("layer4.0.conv2").meta)
+    assert "cell_bin.first" not in layer1 and "block_unbin.first" in layer1
+    assert "cell_bin.first" in layer4 and "block_unbin.first" not in layer4
+    for data in (layer1, layer4):
+        assert {"bin.first", "unbin.first", "node_bin.first", "cell_node"} <= set(data)
+
+
+def test_a_prime_channel_count_keeps_full_blocks():
+    """Blocks need not divide Cin: 251 and 257 channels get blocks as large as 256's (the cliff
+    a largest-divisor rule made: blocks of one channel for a prime Cin)."""
+    knn = torch.zeros(9, 64, dtype=torch.int64)
+    rf_index = torch.arange(9).repeat(64, 1)
+    sizes = {}
+    for c_in in (251, 256, 257):
+        meta = KNNMeta.from_knn(knn, rf_index, n_in=64, in_channels=c_in, v=9)
+        sizes[c_in] = channel_blocks.block_channels(meta)
+    assert sizes[251] == sizes[256] == sizes[257] > 1
+
+
+def test_forced_strategies_are_backends_of_their_own():
+    """``forced_ops`` names its backend after the strategy and refuses an unknown one."""
+    assert set(STRATEGIES) == {"textbook", "node_rows", "channel_blocks", "occupied_cells"}
+    assert forced_ops("node_rows").name == "general[node_rows]"
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        forced_ops("fast")
+    meta = random_meta(3, 4)
+    x, w, b = sample_inputs(meta, batch=2)
+    y = knn_conv(x, w, b, meta, backend=forced_ops("textbook"))
+    assert torch.equal(y, knn_conv(x, w, b, meta, backend="general_textbook"))
