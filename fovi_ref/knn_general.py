@@ -62,7 +62,9 @@ __all__ = [
     "grad_weight_of_operand",
     "grad_y_columns",
     "grad_y_layout",
+    "linear_to_fovi",
     "operand",
+    "unbin",
 ]
 
 NAME = "general_textbook"
@@ -123,33 +125,46 @@ def grad_y_layout(grad_y: torch.Tensor) -> torch.Tensor:
     return grad_y.permute(1, 2, 0).contiguous().permute(2, 0, 1)
 
 
+def linear_to_fovi(
+    meta: KNNMeta, z_rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, x
+) -> torch.Tensor:
+    """Step 2: ``y = bias + z_rows @ weight^T``, ONE GEMM, from ``z_rows [Nout*B, Cin*V]`` (rows
+    ``(n, b)``) into ``y [B, Cout, Nout]`` in fovi's layout, ``x``'s dtype and device."""
+    batch = x.shape[0]
+    c_out = weight.shape[0]
+    y_rows = linear_rows(z_rows, weight, bias)  # [Nout*B, Cout]
+    y = fovi_layout_empty(batch, c_out, meta.n_out, x)  # [B, Cout, Nout]
+    # The rows come ordered (node, batch); one copy puts them in y's (batch, node) order, and
+    # rounds 16-bit results once.
+    y.transpose(1, 2).copy_(y_rows.view(meta.n_out, batch, c_out).transpose(0, 1))
+    return y
+
+
+def unbin(meta: KNNMeta, data: Derived, grad_z: torch.Tensor, batch: int) -> torch.Tensor:
+    """The backward of step 1: ``grad_z [Cin*V, Nout*B] -> grad_x [B, Cin, Nin]``, the binning's
+    sum with source and destination swapped. Padding neighbours receive nothing."""
+    grad_z_rows = grad_z.view(meta.in_channels * meta.v * meta.n_out, batch)  # [Cin*V*Nout, B]
+    grad_x_rows = segment_sum(grad_z_rows, SegmentSumPlan.from_derived(data, "unbin"))
+    # [Cin*Nin, B] -> [B, Cin, Nin]: a 2-D transpose, which ATen copies in cache-sized blocks.
+    return grad_x_rows.t().contiguous().view(batch, meta.in_channels, meta.n_in)
+
+
 def forward_with_operand(
     meta: KNNMeta, data: Derived, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(y, z_rows)``: ``y [B, Cout, Nout]`` in fovi's layout, and ``z_rows [Nout*B, Cin*V]``,
     the binned cells the GEMM read, kept for :func:`grad_weight_of_operand`."""
-    batch = x.shape[0]
-    c_out = weight.shape[0]
-    z_rows = operand(meta, data, x)  # [Nout*B, Cin*V], rows (n, b)
-    y_rows = linear_rows(z_rows, weight, bias)  # [Nout*B, Cout] = bias + z_rows @ weight^T
-    y = fovi_layout_empty(batch, c_out, meta.n_out, x)  # [B, Cout, Nout]
-    # The rows come ordered (node, batch); one copy puts them in y's (batch, node) order, and
-    # rounds 16-bit results once.
-    y.transpose(1, 2).copy_(y_rows.view(meta.n_out, batch, c_out).transpose(0, 1))
-    return y, z_rows
+    z_rows = operand(meta, data, x)  # step 1: [Nout*B, Cin*V], rows (n, b)
+    return linear_to_fovi(meta, z_rows, weight, bias, x), z_rows  # step 2
 
 
 def grad_input(
     meta: KNNMeta, data: Derived, grad_y: torch.Tensor, weight: torch.Tensor
 ) -> torch.Tensor:
     """``grad_y [B, Cout, Nout] -> grad_x [B, Cin, Nin]``: ``grad_z = weight^T @ grad_y``, then
-    the binning's sum transposed. Padding neighbours receive nothing."""
-    batch = grad_y.shape[0]
+    :func:`unbin`."""
     grad_z = weight.t() @ grad_y_columns(grad_y)  # [Cin*V, Nout*B]
-    grad_z_rows = grad_z.view(meta.in_channels * meta.v * meta.n_out, batch)  # [Cin*V*Nout, B]
-    grad_x_rows = segment_sum(grad_z_rows, SegmentSumPlan.from_derived(data, "unbin"))
-    # [Cin*Nin, B] -> [B, Cin, Nin]: a 2-D transpose, which ATen copies in cache-sized blocks.
-    return grad_x_rows.t().contiguous().view(batch, meta.in_channels, meta.n_in)
+    return unbin(meta, data, grad_z, grad_y.shape[0])
 
 
 def grad_weight_of_operand(

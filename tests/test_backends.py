@@ -28,8 +28,7 @@ BATCHES = pytest.mark.parametrize(
 
 
 def test_the_batches_take_both_layouts():
-    n_out = random_meta(1, 1).n_out
-    assert applies(n_out, 2) and not applies(n_out, FEW_SAMPLES + 3)
+    assert applies(2) and not applies(FEW_SAMPLES + 3)
 
 
 @pytest.mark.parametrize("device", DEVICES)

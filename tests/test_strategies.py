@@ -20,12 +20,17 @@ from fovi_ref.strategies import (
     channel_blocks,
     choose_strategy,
     derive,
+    few_columns,
     forced_ops,
     node_rows,
     occupied_cells,
 )
 
-SAME_ORDER = ("node_rows", "channel_blocks")  # sums in the textbook's order: bit for bit
+SAME_ORDER = (
+    "node_rows",
+    "few_columns",
+    "channel_blocks",
+)  # sums in the textbook's order: bit for bit
 
 
 def _all_four(meta, batch, dtype, device):
@@ -42,15 +47,15 @@ def _all_four(meta, batch, dtype, device):
 def test_strategies_in_the_textbooks_order_meet_the_rule(
     strategy, batch, dtype, device, monkeypatch
 ):
-    """Node rows and channel blocks add the same terms in the same order as the textbook (hub
-    trees included: this graph's inputs are read by more than HUB outputs); only the GEMM's
-    layout may differ, and the GEMM's rounding with it (a GEMM over a slice of the weight's
+    """Node rows, few columns and channel blocks add the same terms in the same order as the
+    textbook (hub trees included: this graph's inputs are read by more than HUB outputs); only
+    the GEMMs' layout differs, and their rounding with it (a GEMM over a slice of the weight's
     columns may round otherwise than the whole one). So: every quantity by the rule, and
     channel blocks' y and grad_weight, the textbook's own code, bit for bit. The sums alone
     are compared bit for bit by the two tests below."""
-    monkeypatch.setattr(channel_blocks, "BLOCK_ROWS", 2 * 9 * 4 * HUB)  # 2 channels a block
-    meta = random_meta(9, 9, n_in=25, n_out=4 * HUB, in_channels=5, seed=5, device=device)
-    assert channel_blocks.block_channels(meta) == 2  # blocks of 2, 2 and 1: a remainder
+    monkeypatch.setattr(channel_blocks, "BLOCK_ROWS", 4 * 9 * 4 * HUB)  # 4 channels fit
+    meta = random_meta(9, 9, n_in=25, n_out=4 * HUB, in_channels=7, seed=5, device=device)
+    assert channel_blocks.block_channels(meta) == 4  # blocks of 4 and 3: a remainder
     args, textbook = _all_four(meta, batch, dtype, device)
     got = forward_and_grads(*args[:3], meta, args[3], forced_ops(strategy))
     expected = expected_quantities(*args[:3], meta, args[3])
@@ -110,7 +115,7 @@ def test_channel_blocked_input_gradient_matches_oracle(k, v, in_channels, device
     monkeypatch.setattr(channel_blocks, "BLOCK_ROWS", meta.v * meta.n_out)
     monkeypatch.setattr(channel_blocks, "WHOLE_BYTES", 0)
     monkeypatch.setattr(node_rows, "FEW_SAMPLES", 0)
-    monkeypatch.setattr(node_rows, "FEW_COLUMNS", 0)
+    monkeypatch.setattr(few_columns, "FEW_COLUMNS", 0)
     blocked = random_meta(k, v, in_channels=in_channels, seed=7, device=device)  # new derive
     assert channel_blocks.block_channels(blocked) == 1
     data = derive(blocked)
@@ -202,6 +207,8 @@ def test_the_choice_on_res18():
     assert _strategy("layer1.0.conv1", 64) == "channel_blocks"
     assert _strategy("layer1.0.conv1", 64, "cuda") == "textbook"
     assert _strategy("layer1.0.conv1", 8) == "textbook"
+    assert _strategy("layer4.0.conv1", 8) == "few_columns"  # Nout 2: 16 GEMM columns
+    assert _strategy("layer4.0.conv1", 9) == "textbook"
 
 
 def test_derived_data_holds_only_the_plans_a_graph_can_reach():
@@ -216,20 +223,29 @@ def test_derived_data_holds_only_the_plans_a_graph_can_reach():
 
 
 def test_a_prime_channel_count_keeps_full_blocks():
-    """Blocks need not divide Cin: 251 and 257 channels get blocks as large as 256's (the cliff
-    a largest-divisor rule made: blocks of one channel for a prime Cin)."""
+    """Blocks need not divide Cin: 251 and 257 channels get blocks of at least half what fits,
+    as 256 does (the cliff a largest-divisor rule made: blocks of one channel for a prime Cin);
+    the last block takes the remainder."""
     knn = torch.zeros(9, 64, dtype=torch.int64)
     rf_index = torch.arange(9).repeat(64, 1)
     sizes = {}
     for c_in in (251, 256, 257):
         meta = KNNMeta.from_knn(knn, rf_index, n_in=64, in_channels=c_in, v=9)
         sizes[c_in] = channel_blocks.block_channels(meta)
-    assert sizes[251] == sizes[256] == sizes[257] > 1
+    fits = channel_blocks.BLOCK_ROWS // (9 * 64)
+    assert all(2 * size >= fits for size in sizes.values()), sizes
+    assert sizes[256] == 16 and 256 % sizes[256] == 0  # a divisor, when one is large enough
 
 
 def test_forced_strategies_are_backends_of_their_own():
     """``forced_ops`` names its backend after the strategy and refuses an unknown one."""
-    assert set(STRATEGIES) == {"textbook", "node_rows", "channel_blocks", "occupied_cells"}
+    assert set(STRATEGIES) == {
+        "textbook",
+        "node_rows",
+        "few_columns",
+        "channel_blocks",
+        "occupied_cells",
+    }
     assert forced_ops("node_rows").name == "general[node_rows]"
     with pytest.raises(ValueError, match="strategy must be one of"):
         forced_ops("fast")

@@ -5,8 +5,10 @@ strategy for the same sums, chosen per call by :func:`choose_strategy`.
 strategy            what changes                                       when (in words)
 ==================  =================================================  =======================
 ``textbook``        nothing: channel rows, one GEMM                    otherwise
-``node_rows``       rows of one node ``[N, B*Cin]``, plans of one      few samples, or few
-                    channel (:mod:`~fovi_ref.strategies.node_rows`)     GEMM columns
+``node_rows``       rows of one node ``[N, B*Cin]``, plans of one      few samples
+                    channel (:mod:`~fovi_ref.strategies.node_rows`)
+``few_columns``     the textbook's GEMMs arranged for few columns      few GEMM columns
+                    ``Nout*B`` (:mod:`~fovi_ref.strategies.few_columns`) ``Nout*B`` (layer4)
 ``channel_blocks``  the input gradient a block of channels at a time   a CPU and a large
                     (:mod:`~fovi_ref.strategies.channel_blocks`)        ``grad_z``
 ``occupied_cells``  one GEMM per cell over the occupied (node, cell)   most cells empty and a
@@ -16,7 +18,8 @@ strategy            what changes                                       when (in 
 The choice is a pure function of the graph, the batch and the device, and so is the result:
 the same call always runs the same sums in the same order. Each strategy is held to the
 textbook by ``tests/test_strategies.py``: bit for bit where its sums run in the same order (node
-rows, channel blocks), by the elementwise error rule where they do not (occupied cells). Every
+rows, channel blocks, few columns: their segment sums), by the elementwise error rule (every
+quantity, every strategy). Every
 threshold is a named constant of its strategy's module, with its unit; ``python -m fovi_ref
 bench --strategies`` times each strategy forced on and off and its record holds the values
 (``tests/test_strategies.py`` fails when a constant disagrees with it). ``python -m fovi_ref
@@ -34,7 +37,7 @@ import torch
 
 from fovi_ref import knn_general as textbook
 from fovi_ref.meta import Derived, KNNMeta
-from fovi_ref.strategies import channel_blocks, node_rows, occupied_cells
+from fovi_ref.strategies import channel_blocks, few_columns, node_rows, occupied_cells
 
 __all__ = [
     "STRATEGIES",
@@ -51,6 +54,7 @@ NAME = "general"
 STRATEGIES: dict[str, ModuleType] = {
     "textbook": textbook,
     "node_rows": node_rows,
+    "few_columns": few_columns,
     "channel_blocks": channel_blocks,
     "occupied_cells": occupied_cells,
 }
@@ -77,12 +81,11 @@ def choose_strategy(
         est = occupied_cells.estimate(meta, pairs, batch)
         why = f"estimate {est:.2f} <= CELLS_AT_MOST {occupied_cells.CELLS_AT_MOST}"
         return Choice("occupied_cells", why)
-    if node_rows.applies(meta.n_out, batch):
-        why = (
-            f"batch {batch} <= FEW_SAMPLES {node_rows.FEW_SAMPLES} or Nout*B "
-            f"{meta.n_out * batch} <= FEW_COLUMNS {node_rows.FEW_COLUMNS}"
-        )
-        return Choice("node_rows", why)
+    if node_rows.applies(batch):
+        return Choice("node_rows", f"batch {batch} <= FEW_SAMPLES {node_rows.FEW_SAMPLES}")
+    if few_columns.applies(meta.n_out, batch):
+        columns = meta.n_out * batch
+        return Choice("few_columns", f"Nout*B {columns} <= FEW_COLUMNS {few_columns.FEW_COLUMNS}")
     if channel_blocks.applies(meta, batch, device, element_size):
         mib = meta.in_channels * meta.v * meta.n_out * batch * element_size / 2**20
         return Choice("channel_blocks", f"grad_z {mib:.1f} MiB > WHOLE_BYTES on a CPU")
@@ -129,11 +132,10 @@ class GeneralOps:
 
     @classmethod
     def grad_y_layout(cls, grad_y: torch.Tensor) -> torch.Tensor:
-        """The textbook's ``[Cout, Nout, B]`` storage, or fovi's for node rows (all that depends
-        on the batch and ``Nout`` only: occupied cells read either)."""
-        batch, n_out = grad_y.shape[0], grad_y.shape[2]
+        """The textbook's ``[Cout, Nout, B]`` storage, or fovi's for node rows (which depends on
+        the batch alone; occupied cells read either)."""
         if cls.forced is None:
-            takes_node_rows = node_rows.applies(n_out, batch)
+            takes_node_rows = node_rows.applies(grad_y.shape[0])
         else:
             takes_node_rows = cls.forced == "node_rows"
         if takes_node_rows:

@@ -55,8 +55,12 @@ larger blocks are mapped fresh on every call."""
 
 
 def block_channels(meta: KNNMeta) -> int:
-    """Input channels per block: as many as fit in :data:`BLOCK_ROWS` rows, at least one."""
-    return max(1, min(meta.in_channels, BLOCK_ROWS // (meta.v * meta.n_out)))
+    """Input channels per block: the largest divisor of ``Cin`` that fits in :data:`BLOCK_ROWS`
+    rows if it is at least half of what fits (blocks of one size), else as many as fit, the
+    last block smaller (a prime ``Cin`` would otherwise get blocks of one channel)."""
+    fits = max(1, min(meta.in_channels, BLOCK_ROWS // (meta.v * meta.n_out)))
+    divisor = max(d for d in range(1, fits + 1) if meta.in_channels % d == 0)
+    return divisor if 2 * divisor >= fits else fits
 
 
 def reachable(meta: KNNMeta) -> bool:

@@ -12,10 +12,8 @@ are the textbook's bit for bit; only the layout of the GEMM's operand changes::
 
 ``y_rows`` is the storage of ``y`` in fovi's layout (rows ``(b, n)``), so ``y`` needs no copy;
 ``grad_z = grad_y_rows @ weight`` comes out node-major and is summed back with ``node_unbin``.
-The same arrangement serves a GEMM with few columns ``Nout*B`` (layer4 beyond few samples),
-where it runs weight-major. When it pays, in words: few samples, or few columns; the thresholds
-are :data:`FEW_SAMPLES` and :data:`FEW_COLUMNS`, set by ``python -m fovi_ref bench
---strategies`` (:mod:`fovi_ref.check.bench.strategies`).
+When it pays, in words: few samples; the threshold is :data:`FEW_SAMPLES`, set by ``python -m
+fovi_ref bench --strategies`` (:mod:`fovi_ref.check.bench.strategies`).
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ from fovi_ref.segment_sum import (
 )
 
 __all__ = [
-    "FEW_COLUMNS",
     "FEW_SAMPLES",
     "TRANSPOSE_NODES",
     "applies",
@@ -52,18 +49,14 @@ FEW_SAMPLES = 4
 ``fovi_ref/check/bench/strategies_record.json``): the largest batch at which node rows beat the
 textbook on res18's layers."""
 
-FEW_COLUMNS = 16
-"""Largest GEMM column count ``Nout*B`` (columns) that also takes node rows beyond
-:data:`FEW_SAMPLES`. Set by ``bench --strategies``."""
-
 TRANSPOSE_NODES = 32
 """Fewest nodes (rows) for which node rows ``[N, B*Cin]`` go back to ``[B, Cin, N]`` by a 2-D
 transpose rather than a 3-D permute, beyond :data:`FEW_SAMPLES`. Set by ``bench --strategies``."""
 
 
-def applies(n_out: int, batch: int) -> bool:
-    """True when a batch of ``batch`` samples over ``n_out`` outputs takes node rows."""
-    return batch <= FEW_SAMPLES or n_out * batch <= FEW_COLUMNS
+def applies(batch: int) -> bool:
+    """True when a batch of ``batch`` samples takes node rows."""
+    return batch <= FEW_SAMPLES
 
 
 def derive(meta: KNNMeta) -> Derived:
