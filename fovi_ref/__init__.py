@@ -104,6 +104,18 @@ from fovi_ref.layer import KNNConv
 from fovi_ref.meta import DTYPES, KNNMeta, dtype_name
 from fovi_ref.registry import available_ops, get_ops, register_ops, unregister_ops
 
-__all__ = ["DTYPES", "KNNConv", "KNNMeta", "available_ops", "derive_for", "dtype_name",
-           "get_ops", "knn_conv", "prepare", "register_ops", "route", "route_layer",
-           "unregister_ops"]  # fmt: skip
+__all__ = [
+    "DTYPES",
+    "KNNConv",
+    "KNNMeta",
+    "available_ops",
+    "derive_for",
+    "dtype_name",
+    "get_ops",
+    "knn_conv",
+    "prepare",
+    "register_ops",
+    "route",
+    "route_layer",
+    "unregister_ops",
+]

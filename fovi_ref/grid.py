@@ -24,9 +24,16 @@ from fovi_ref.meta import KNNMeta
 __all__ = ["conv2d_grid_meta", "square_grid_for", "to_grid", "to_nodes"]
 
 
-def conv2d_grid_meta(height: int, width: int, *, kernel_size: int, stride: int = 1,
-                     padding: int = 0, in_channels: int, device: torch.device | str = "cpu",
-                     ) -> KNNMeta:  # fmt: skip
+def conv2d_grid_meta(
+    height: int,
+    width: int,
+    *,
+    kernel_size: int,
+    stride: int = 1,
+    padding: int = 0,
+    in_channels: int,
+    device: torch.device | str = "cpu",
+) -> KNNMeta:
     """The KNN graph of ``F.conv2d(x, w, stride=stride, padding=padding)`` on an image
     ``[B, Cin, height, width]`` with a square ``kernel_size`` kernel (see the module docstring)."""
     sizes = {"height": height, "width": width, "kernel_size": kernel_size, "stride": stride}

@@ -56,14 +56,16 @@ class EinsumBaselineOps:
     derive = staticmethod(derive)
 
     @staticmethod
-    def forward(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
-                bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         """``x [B, Cin, Nin]`` -> ``y [B, Cout, Nout]`` (a transposed view, as in fovi)."""
         return EinsumBaselineOps.forward_with_operand(meta, x, weight, bias)[0]
 
     @staticmethod
-    def forward_with_operand(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
-                             bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    def forward_with_operand(
+        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, ...]:
         """``(y, features [B, Nout, Cin*V])``: ``F.linear``'s input, kept for the weight gradient
         as fovi's autograd keeps it (no second gather and einsum in the backward)."""
         # .contiguous() as in fovi 2.4.0: the features can come out of the einsum as a strided

@@ -84,10 +84,12 @@ def derive(meta: KNNMeta) -> Derived:
 
 def _gathered_rows(data: Derived, x: torch.Tensor) -> torch.Tensor:
     """``x_rows [B*Nout, Cin]``: row ``b*Nout + n`` holds ``x[b, :, idx[n]]`` (0 for padding).
-    Indexing the node axis of the ``[B, Nin, Cin]`` view writes the rows in one pass (2 to 5
-    times faster than ``index_select`` on a 2-core CPU) in the layout of ``x``: the reshape is a
-    view for a contiguous or fovi-layout ``x``, one copy otherwise."""
-    index, padding = data["index"], data["padding"]
+    Indexing the node axis of the ``[B, Nin, Cin]`` view writes the rows in one pass, whole runs
+    of ``Cin`` values (``index_select`` along the last axis of ``[B, Cin, Nin]`` would pick
+    single values); the reshape is a view for a contiguous or fovi-layout ``x``, one copy
+    otherwise."""
+    index = data["index"]  # [Nout]
+    padding = data["padding"]  # [P]
     x_rows = x.transpose(1, 2)[:, index]  # [B, Nout, Cin]
     if padding.numel():
         x_rows.index_fill_(1, padding, 0)  # exact zeros, even if x holds inf or nan
@@ -120,14 +122,16 @@ class GatherGemmOps:
         return grad_y.transpose(0, 1).contiguous().transpose(0, 1)  # [B, Cout, Nout]
 
     @staticmethod
-    def forward(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
-                bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         """``x [B, Cin, Nin]``, ``weight``, ``bias`` -> ``y [B, Cout, Nout]`` (fovi's layout)."""
         return GatherGemmOps.forward_with_operand(meta, x, weight, bias)[0]
 
     @staticmethod
-    def forward_with_operand(meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor,
-                             bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    def forward_with_operand(
+        meta: KNNMeta, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, ...]:
         """``(y, x_rows)``: the forward and the gathered rows ``[B*Nout, Cin]`` its GEMM read,
         kept for the weight gradient instead of ``x`` (smaller, and no second gather)."""
         x_rows = _gathered_rows(meta.derived(NAME, derive), x)  # [B*Nout, Cin]
@@ -139,8 +143,10 @@ class GatherGemmOps:
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]`` -> ``grad_x [B, Cin, Nin]``: ``(W^T grad_y) S``, a scatter."""
         data = meta.derived(NAME, derive)
-        batch, c_in = grad_y.shape[0], weight.shape[1]
-        # d[b] = W^T @ grad_y[b] as ONE GEMM over the (b, n) rows (MKL: 10-40% faster than W^T G)
+        batch = grad_y.shape[0]
+        c_in = weight.shape[1]
+        # d[b] = W^T @ grad_y[b] as ONE GEMM over the (b, n) rows, whose result rows are whole
+        # runs of Cin values (the scatter below moves them as such).
         d_rows = (_grad_y_columns(grad_y).t() @ weight).view(batch, meta.n_out, c_in)
         if data["padding"].numel():
             d_rows.index_fill_(1, data["padding"], 0)  # padding receives nothing
@@ -148,7 +154,7 @@ class GatherGemmOps:
         if uses_dense_scatter(meta, grad_y.device) and data["scatter"].numel():
             s = data["scatter"].to(grad_y.dtype)  # [Nout, Nin]; no copy in float32
             return (d_sel.reshape(batch * c_in, meta.n_out) @ s).view(batch, c_in, meta.n_in)
-        # The scatter reads the view: 4-30% faster than folding it first (one CPU thread).
+        # The scatter reads the view: folding it first would copy every value once more.
         grad_x = d_rows.new_zeros(batch, c_in, meta.n_in)  # [B, Cin, Nin]
         return grad_x.index_add_(2, data["index"], d_sel)  # collisions add up
 
@@ -159,8 +165,9 @@ class GatherGemmOps:
         return GatherGemmOps.grad_weight_of_operand(meta, grad_y, x_rows)
 
     @staticmethod
-    def grad_weight_of_operand(meta: KNNMeta, grad_y: torch.Tensor,
-                               x_rows: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    def grad_weight_of_operand(
+        meta: KNNMeta, grad_y: torch.Tensor, x_rows: torch.Tensor
+    ) -> torch.Tensor:
         """``grad_y [B, Cout, Nout]``, the gathered ``x_rows [B*Nout, Cin]`` -> ``[Cout, Cin]``."""
         # One GEMM over batch and nodes, [Cout, B*Nout] @ [B*Nout, Cin]: in this orientation MKL
         # does not split the sum between threads (tests/test_ordinary_use.py).

@@ -30,8 +30,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["FIRST_ORDER_ONLY", "conv_jvp", "conv_vjp", "conv_vmap", "refuse_second_order",
-           "save_for_gradients"]  # fmt: skip
+__all__ = [
+    "FIRST_ORDER_ONLY",
+    "conv_jvp",
+    "conv_vjp",
+    "conv_vmap",
+    "refuse_second_order",
+    "save_for_gradients",
+]
 
 FIRST_ORDER_ONLY = "knn_conv is first-order only: its gradients are not differentiable"
 
@@ -81,8 +87,10 @@ def vmapped(fn: Callable, in_dims, args, n: int, fold: bool) -> torch.Tensor:
     if fold and in_dims[0] is not None and all(d is None for d in in_dims[1:]):
         folded = args[0].movedim(in_dims[0], 0).flatten(0, 1)  # [N*B, ...]
         return fn(folded, *args[1:]).unflatten(0, (n, -1))  # [N, B, ...]
-    slices = ([a if d is None else a.select(d, i) for a, d in zip(args, in_dims, strict=True)]
-              for i in range(n))  # fmt: skip
+    slices = (
+        [a if d is None else a.select(d, i) for a, d in zip(args, in_dims, strict=True)]
+        for i in range(n)
+    )
     return torch.stack([fn(*one) for one in slices])  # [N, ...]
 
 

@@ -108,7 +108,8 @@ class KNNConv(nn.Module):
     def meta(self, meta: KNNMeta) -> None:
         if not isinstance(meta, KNNMeta):
             raise TypeError(f"meta must be a fovi_ref.KNNMeta, got {type(meta).__name__}")
-        mine, new = (self._n_in, self.in_channels, self._v), (meta.n_in, meta.in_channels, meta.v)
+        mine = (self._n_in, self.in_channels, self._v)
+        new = (meta.n_in, meta.in_channels, meta.v)
         if new != mine:  # the weight's shape depends on them
             raise ValueError(
                 f"a new graph must keep (n_in, in_channels, v) = {mine}; got {new} "
@@ -215,7 +216,8 @@ class KNNConv(nn.Module):
         # that it changes nothing when refused (inside a container torch decides: "State" in
         # help(fovi_ref)).
         # A state dict written before the layer had extra state lacks it, and still loads.
-        keys, own = set(state_dict), set(self.state_dict(keep_vars=True))
+        keys = set(state_dict)
+        own = set(self.state_dict(keep_vars=True))
         if strict and keys != own and keys != own - {_EXTRA}:
             raise RuntimeError(
                 f"Error(s) in loading state_dict for KNNConv: missing keys "

@@ -71,9 +71,15 @@ def check_shapes(
             )
 
 
-def knn_conv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       meta: KNNMeta, *, all_padding: AllPadding = "bias",
-                       compute_dtype: torch.dtype = torch.float64) -> torch.Tensor:  # fmt: skip
+def knn_conv_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    meta: KNNMeta,
+    *,
+    all_padding: AllPadding = "bias",
+    compute_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
     """Naive KNN convolution ``y [B, Cout, Nout]`` of ``x [B, Cin, Nin]``, ``weight
     [Cout, Cin*V]`` (column ``c*V + cell``) and ``bias [Cout]`` or ``None``, on ``x``'s device.
 

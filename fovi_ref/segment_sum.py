@@ -122,7 +122,10 @@ def build_segment_sum_plan(dst: torch.Tensor, src: torch.Tensor, size: int) -> S
     round_sizes = torch.bincount(rank[later])[1:]  # [R] entries per round
 
     width = 2 ** torch.log2(count.clamp(min=1).double()).ceil().long()  # [D] W of each row
-    tree_dst, tree_src, tree_pad, tree_shapes = [], [], [], []
+    tree_dst = []  # per group of trees: its hub rows [H]
+    tree_src = []  # their slots' sources [H*W]
+    tree_pad = []  # their padding slots, numbered across groups
+    tree_shapes = []  # (H, W)
     slots_before = 0
     for w in width[dst[hub]].unique().tolist():  # one group of trees per width W
         of_w = hub & (width[dst] == w)  # [E] the group's entries

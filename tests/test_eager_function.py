@@ -15,7 +15,12 @@ from fovi_ref import available_ops, get_ops, knn_conv, prepare
 from fovi_ref.check.protocol import policed
 from fovi_ref.reference import knn_conv_reference
 
-GRAPHS = {"general": (9, 9), "gather_gemm": (1, 1), "einsum_baseline": (4, 4)}
+GRAPHS = {
+    "general": (9, 9),
+    "general_textbook": (9, 9),
+    "gather_gemm": (1, 1),
+    "einsum_baseline": (4, 4),
+}
 IN_PLACE = {
     "y += r": lambda y, r: y.add_(r),
     "y.relu_()": lambda y, r: y.relu_(),

@@ -15,7 +15,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_verify_meta_judges_every_backend_and_reports_the_baseline():
     layer = get_layer("layer4.0.downsample.0")
     checks = verify_meta(layer.name, layer.meta, layer.out_channels, batch=2)
-    assert {c.backend for c in checks} == {"general", "gather_gemm", "einsum_baseline"}
+    assert {c.backend for c in checks} == {
+        "general",
+        "general_textbook",
+        "gather_gemm",
+        "einsum_baseline",
+    }
     assert {c.quantity for c in checks} == {"y", "grad_x", "grad_weight", "grad_bias"}
     assert all(c.verdict.ok for c in checks), [str(c.verdict) for c in checks if not c.verdict.ok]
     for c in checks:

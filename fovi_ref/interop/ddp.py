@@ -80,9 +80,11 @@ def _convs(model: nn.Module) -> list[tuple[str, KNNConv]]:
 def graph_buffer_names(model: nn.Module) -> list[str]:
     """The fully qualified names of every ``KNNConv``'s buffers in ``model``: its graph and the
     data derived from it (a ``KNNConv`` holds no other buffer)."""
-    return [f"{name}.{buffer}" if name else buffer  # a root KNNConv's are unprefixed
-            for name, conv in _convs(model)
-            for buffer, _ in conv.named_buffers(recurse=False)]  # fmt: skip
+    return [
+        f"{name}.{buffer}" if name else buffer  # a root KNNConv's are unprefixed
+        for name, conv in _convs(model)
+        for buffer, _ in conv.named_buffers(recurse=False)
+    ]
 
 
 def _fingerprint(conv: KNNConv) -> list[int]:
@@ -106,16 +108,20 @@ def sync_graphs(model: nn.Module, group: dist.ProcessGroup | None = None) -> lis
     mine = torch.tensor([_fingerprint(conv) for _, conv in convs], device=device)  # [L, 3]
     both = torch.cat([mine, -mine])  # [2L, 3]: one MAX gives the largest and the smallest
     dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
-    largest, smallest = both[: len(convs)], -both[len(convs) :]
+    largest = both[: len(convs)]
+    smallest = -both[len(convs) :]
     shape = (largest[:, 1:] != smallest[:, 1:]).any(dim=1)  # [L]
     if bool(shape.any()):
         names = [convs[i][0] for i in shape.nonzero().flatten().tolist()]
-        raise ValueError(f"the graphs of {names} have another [K, Nout] on some rank: build the "
-                         "model with the same settings on every rank")  # fmt: skip
+        raise ValueError(
+            f"the graphs of {names} have another [K, Nout] on some rank: build the "
+            "model with the same settings on every rank"
+        )
     differ = (largest[:, 0] != smallest[:, 0]).nonzero().flatten().tolist()
     for i in differ:
         conv = convs[i][1]
-        knn, rf_index = conv.knn.clone(), conv.rf_index.clone()
+        knn = conv.knn.clone()
+        rf_index = conv.rf_index.clone()
         dist.broadcast(knn, group=group, group_src=0)
         dist.broadcast(rf_index, group=group, group_src=0)
         meta = conv.meta

@@ -56,8 +56,9 @@ __all__ = ["OPSET", "TRANSLATIONS", "export_onnx", "knn_conv_onnx"]
 OPSET = 18  # the ONNX opset of `op` above; the exported model is written in it
 
 
-def knn_conv_onnx(x, weight, bias, knn, rf_index, derived, names: str, n_in: int, v: int,
-                  backend: str):  # fmt: skip
+def knn_conv_onnx(
+    x, weight, bias, knn, rf_index, derived, names: str, n_in: int, v: int, backend: str
+):
     """ONNX for ``fovi_ref::knn_conv(x, weight, bias, knn, rf_index, derived, names, n_in, v,
     backend)``: ``x [B, Cin, Nin]``, ``weight [Cout, Cin*V]``, ``bias [Cout]`` or ``None``,
     ``knn [K, Nout]``, ``rf_index [Nout, K]`` -> ``y [B, Cout, Nout]``. ``derived``, ``names``
@@ -87,13 +88,20 @@ TRANSLATIONS = {torch.ops.fovi_ref.knn_conv.default: knn_conv_onnx}
 """What ``torch.onnx.export``'s ``custom_translation_table`` needs for fovi_ref's op."""
 
 
-def export_onnx(model: torch.nn.Module, x: torch.Tensor, path: str | os.PathLike | None = None,
-                *, dynamic_batch: bool = True, **kwargs) -> torch.onnx.ONNXProgram:  # fmt: skip
+def export_onnx(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    path: str | os.PathLike | None = None,
+    *,
+    dynamic_batch: bool = True,
+    **kwargs,
+) -> torch.onnx.ONNXProgram:
     """Export ``model(x)`` (``x [B, ...]``, one tensor) to ONNX with :data:`TRANSLATIONS`,
     written to ``path`` if given, and return torch's ``ONNXProgram``. ``dynamic_batch``: the
     batch size is an input dimension (any ``B >= 1``), not the example's. Put the model in
     ``eval()`` first if it has BatchNorm; ``kwargs`` go to ``torch.onnx.export``."""
     dynamic = ({0: torch.export.Dim("batch")},) if dynamic_batch else None
     options = dict(opset_version=OPSET, dynamic_shapes=dynamic, verbose=False) | kwargs
-    return torch.onnx.export(model, (x,), path, dynamo=True, custom_translation_table=TRANSLATIONS,
-                             **options)  # fmt: skip
+    return torch.onnx.export(
+        model, (x,), path, dynamo=True, custom_translation_table=TRANSLATIONS, **options
+    )
