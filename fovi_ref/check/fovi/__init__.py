@@ -119,7 +119,10 @@ or from Python (``tests/test_readme.py`` runs this block as written)::
     print(format_fovi_table(checks))  # the table and findings, as the CLI prints
 
 :func:`load_knnresnet` imports fovi's ``KNNResNet`` without the packages of ``fovi[models]``;
-build the model on the device you check it on (fovi's graphs do not move with ``.to()``).
+build the model on the device you check it on (fovi's graphs do not move with ``.to()``). The
+command prints the table this call prints (same dtypes, :data:`MODEL_DTYPES`, in the same column
+order; pass ``--batch 2`` for the same operands) and exits with :func:`exit_status`: 0 when every
+FAIL is a known finding about fovi, 1 on a new one, 1 on any with ``--strict``.
 
 Graphs that depend on the machine
 ---------------------------------
