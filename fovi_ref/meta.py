@@ -90,7 +90,6 @@ def _check_range(name: str, t: torch.Tensor, low: int, high: int, what: str) -> 
                          f"{name}[{', '.join(map(str, pos))}] = {int(t[pos])}")  # fmt: skip
 
 
-@torch.compiler.assume_constant_result
 def _not_derived_while_compiling(backend: str) -> None:
     """Raise the error that names :func:`fovi_ref.prepare`, first.
 
@@ -106,6 +105,12 @@ def _not_derived_while_compiling(backend: str) -> None:
         f"torch.export: the {backend!r} data of this KNNMeta is not derived yet, and it cannot "
         "be derived while compiling (KNNConv layers prepare their own)"
     )
+
+
+# The mark torch.compiler.assume_constant_result puts on a function, set here directly: calling
+# that decorator imports torch._dynamo, which would add seconds to `import fovi_ref`.
+# tests/test_custom_op.py holds the two to the same attribute and checks the error's first line.
+_not_derived_while_compiling._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 class KNNMeta:

@@ -4,6 +4,9 @@ derived data as program inputs, first-order gradients, determinism."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,6 +133,22 @@ def test_compiling_an_unprepared_meta_says_what_to_do_first(door):
     torch._dynamo.reset()
     prepare(meta)
     torch.testing.assert_close(torch.compile(run, fullgraph=True)(x), run(x))
+
+
+def test_the_hint_costs_import_fovi_ref_nothing():
+    """The function that raises the hint carries the mark ``torch.compiler.assume_constant_result``
+    would give it (the decorator itself imports torch._dynamo: seconds on every import)."""
+    from fovi_ref import meta as meta_module
+
+    def marked():
+        return None
+
+    marks = set(vars(torch.compiler.assume_constant_result(marked)).items())
+    assert marks and marks <= set(vars(meta_module._not_derived_while_compiling).items())
+    code = "import sys, fovi_ref; print('torch._dynamo' in sys.modules)"
+    here = Path(__file__).parent
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=here)
+    assert done.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
