@@ -121,7 +121,7 @@ Exit status of --fovi and --fovi-model, for gating CI: 0 when every check passes
 failure is a known finding about fovi (diagnosed on fovi's side and reproduced by a script in
 scripts/fovi_findings/, such as torch_compact's float64 gradients accumulated in float32);
 1 on a new failure (the lines under the table name each one); with --strict, 1 on any failure;
-2 if fovi is not installed or MODULE:FACTORY or --layers names nothing in your model."""
+2 if fovi is not installed, MODULE:FACTORY gives no model, or --layers names a layer it lacks."""
 
 
 def _bench_epilog() -> str:
