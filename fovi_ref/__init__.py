@@ -22,7 +22,8 @@ tensors and a few ints, from which the op rebuilds a trusted meta.
 The derived data must therefore exist before tracing. A ``KNNConv`` derives it when its graph is
 set and keeps it as non-persistent buffers, so compiled and exported programs carry it; a raw
 ``KNNMeta`` passed to ``knn_conv`` in compiled code needs ``fovi_ref.prepare(meta)`` in eager mode
-first (compiling without it raises an error that says so)::
+first (compiling or exporting without it raises an error whose first line names that call, with
+graph breaks allowed too)::
 
     model = torch.nn.Sequential(
         fovi_ref.KNNConv(64, 128, meta_a), torch.nn.ReLU(), fovi_ref.KNNConv(128, 128, meta_b)

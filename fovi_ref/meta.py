@@ -90,6 +90,29 @@ def _check_range(name: str, t: torch.Tensor, low: int, high: int, what: str) -> 
                          f"{name}[{', '.join(map(str, pos))}] = {int(t[pos])}")  # fmt: skip
 
 
+def _not_derived_while_compiling(backend: str) -> None:
+    """Raise the error that names :func:`fovi_ref.prepare`, first.
+
+    Dynamo interprets a ``raise`` in traced code and reports it as its own "Observed exception",
+    with hints about eager errors and tracing rules, and this text only in a debug line. A
+    function marked ``assume_constant_result`` is instead called while tracing, with the real
+    (constant) ``backend``, so its error leaves ``torch.compile`` with this message at the top:
+    ``RuntimeError: call fovi_ref.prepare(meta, ...)`` (Dynamo re-wraps it as its
+    ``InternalTorchDynamoError``, whose first line this is). Under ``torch.export``'s default
+    non-strict tracing, and eagerly, it is a plain function."""
+    raise RuntimeError(
+        f"call fovi_ref.prepare(meta, {backend!r}) in eager mode before torch.compile or "
+        f"torch.export: the {backend!r} data of this KNNMeta is not derived yet, and it cannot "
+        "be derived while compiling (KNNConv layers prepare their own)"
+    )
+
+
+# The mark torch.compiler.assume_constant_result puts on a function, set here directly: calling
+# that decorator imports torch._dynamo, which would add seconds to `import fovi_ref`.
+# tests/test_custom_op.py holds the two to the same attribute and checks the error's first line.
+_not_derived_while_compiling._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 class KNNMeta:
     """Immutable graph: ``knn [K, Nout]`` (entries in ``[0, n_in]``, ``n_in`` = padding),
     ``rf_index [Nout, K]`` (entries in ``[0, v)``), ``n_in``, ``in_channels`` and ``v``.
@@ -277,10 +300,7 @@ class KNNMeta:
         if found is not None:
             return found
         if torch.compiler.is_compiling():
-            raise RuntimeError(f"the {backend!r} data of this KNNMeta is not derived yet and "
-                               f"cannot be derived while compiling; call fovi_ref.prepare(meta, "
-                               f"{backend!r}) before torch.compile (KNNConv layers prepare "
-                               "their own)")  # fmt: skip
+            _not_derived_while_compiling(backend)
         data = derive(self)
         if not isinstance(data, dict) or not all(
             isinstance(key, str) and isinstance(t, torch.Tensor) for key, t in data.items()

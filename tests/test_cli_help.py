@@ -50,3 +50,19 @@ def test_one_spelling_of_dtypes_and_refusals_print_their_subcommands_usage(capsy
             main(argv)
         assert exit_.value.code == 2
         assert capsys.readouterr().err.startswith(f"usage: python -m fovi_ref {usage} ")
+
+
+def test_verify_help_gives_the_exit_codes_fovi_checks_gate_on():
+    """``verify --fovi`` and ``--fovi-model`` can gate CI: --help says when each exits 0, 1 and
+    2, and what --strict changes; --strict is refused where nothing honours it."""
+    text = " ".join(subparsers()["verify"].format_help().split())
+    gate = "Exit status of --fovi and --fovi-model, for gating CI: 0 when every check passes or"
+    assert f"{gate} every failure is a known finding about fovi" in text
+    assert "1 on a new failure" in text and "with --strict, 1 on any failure" in text
+    assert "--strict with --fovi or --fovi-model: exit 1 on any FAIL" in text
+    assert "float32 float64 with --fovi-model" in text
+    from fovi_ref.check.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["verify", "--strict"])
+    assert exit_.value.code == 2

@@ -3,6 +3,11 @@ derived data as program inputs, first-order gradients, determinism."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import DEVICES, random_meta, sample_inputs
@@ -102,7 +107,11 @@ def test_export_carries_derived_data_as_buffers_and_matches_eager(monkeypatch):
     assert derivations == []
 
 
-def test_compiling_an_unprepared_meta_says_what_to_do():
+@pytest.mark.parametrize("door", ["fullgraph", "graph breaks allowed", "export"])
+def test_compiling_an_unprepared_meta_says_what_to_do_first(door):
+    """The first line of the error names the call that fixes it (Dynamo once reported its own
+    "Observed exception" there, with two hints that did not apply, and ours in a debug line);
+    with graph breaks allowed it is an error too, not a silent fall back to eager mode."""
     torch._dynamo.reset()
     meta = random_meta(4, 4, seed=5)
     x, w, b = (t.detach() for t in sample_inputs(meta, dtype=torch.float32))
@@ -110,11 +119,36 @@ def test_compiling_an_unprepared_meta_says_what_to_do():
     def run(x):
         return knn_conv(x, w, b, meta)
 
-    with pytest.raises(Exception, match=r"fovi_ref.prepare\(meta, 'general'\)"):
-        torch.compile(run, fullgraph=True)(x)
+    class Run(torch.nn.Module):
+        def forward(self, x):
+            return run(x)
+
+    with pytest.raises(RuntimeError) as err:
+        if door == "export":
+            torch.export.export(Run(), (x,))
+        else:
+            torch.compile(run, fullgraph=door == "fullgraph")(x)
+    first = str(err.value).splitlines()[0]
+    assert re.match(r"(RuntimeError: )?call fovi_ref\.prepare\(meta, 'general'\) ", first), first
     torch._dynamo.reset()
     prepare(meta)
     torch.testing.assert_close(torch.compile(run, fullgraph=True)(x), run(x))
+
+
+def test_the_hint_costs_import_fovi_ref_nothing():
+    """The function that raises the hint carries the mark ``torch.compiler.assume_constant_result``
+    would give it (the decorator itself imports torch._dynamo: seconds on every import)."""
+    from fovi_ref import meta as meta_module
+
+    def marked():
+        return None
+
+    marks = set(vars(torch.compiler.assume_constant_result(marked)).items())
+    assert marks and marks <= set(vars(meta_module._not_derived_while_compiling).items())
+    code = "import sys, fovi_ref; print('torch._dynamo' in sys.modules)"
+    here = Path(__file__).parent
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=here)
+    assert done.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])

@@ -141,3 +141,19 @@ def test_notebooks_are_stored_executed(path):
             assert output["output_type"] != "error", head
             if output["output_type"] == "execute_result":
                 assert not "".join(output["data"].get("text/plain", "")).startswith("<"), head
+
+
+@pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)
+def test_no_prose_states_a_run_time(path):
+    """How long a notebook takes is printed by its code or stored in notebooks/run_times.txt
+    (make notebooks measures it); prose that types a figure goes stale (notebook 05 said "a couple
+    of minutes" beside a printed 30 s and a stored 581 s)."""
+    duration = re.compile(
+        r"\b(\d+(\.\d+)?|a couple of|a few|several)\s*(s|seconds?|min|minutes?|hours?)\b", re.I
+    )
+    found = []
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        if cell["cell_type"] == "markdown":
+            found += [(i, m.group(0)) for m in duration.finditer("".join(cell["source"]))]
+    assert not found, f"durations typed in prose (cell, text): {found}"
+    assert path.name in (NOTEBOOKS / "run_times.txt").read_text()

@@ -119,7 +119,10 @@ or from Python (``tests/test_readme.py`` runs this block as written)::
     print(format_fovi_table(checks))  # the table and findings, as the CLI prints
 
 :func:`load_knnresnet` imports fovi's ``KNNResNet`` without the packages of ``fovi[models]``;
-build the model on the device you check it on (fovi's graphs do not move with ``.to()``).
+build the model on the device you check it on (fovi's graphs do not move with ``.to()``). The
+command prints the table this call prints (same dtypes, :data:`MODEL_DTYPES`, in the same column
+order; pass ``--batch 2`` for the same operands) and exits with :func:`exit_status`: 0 when every
+FAIL is a known finding about fovi, 1 on a new one, 1 on any with ``--strict``.
 
 Graphs that depend on the machine
 ---------------------------------
@@ -203,15 +206,20 @@ from fovi_ref.check.fovi.models import (
     random_batches,
 )
 from fovi_ref.check.fovi.verify import (
+    MODEL_DTYPES,
     FoviCheck,
     FoviFinding,
     OverflowFinding,
+    exit_status,
     finding_scripts,
     format_fovi_table,
     fovi_findings,
     fovi_record,
     fovi_rows,
+    gate_summary,
     load_model_factory,
+    model_layers,
+    new_failures,
     overflow_finding,
     run_fovi,
     verify_fovi,
@@ -274,4 +282,9 @@ __all__ = [
     "verify_fovi",
     "verify_fovi_model",
     "load_model_factory",
+    "MODEL_DTYPES",
+    "exit_status",
+    "gate_summary",
+    "model_layers",
+    "new_failures",
 ]

@@ -48,8 +48,13 @@ __all__ = [
     "FoviCheck",
     "FoviFinding",
     "format_fovi_table",
+    "MODEL_DTYPES",
     "load_model_factory",
     "finding_scripts",
+    "exit_status",
+    "gate_summary",
+    "model_layers",
+    "new_failures",
     "fovi_findings",
     "fovi_record",
     "fovi_rows",
@@ -238,11 +243,31 @@ def overflow_finding(device: str | torch.device = "cpu") -> OverflowFinding:
     return OverflowFinding(exact, results)
 
 
+MODEL_DTYPES = (torch.float32, torch.float64)
+"""The dtypes :func:`verify_fovi_model` checks in unless told, in its table's column order;
+``verify --fovi-model`` uses the same, so the command prints the table the call prints."""
+
+
+def model_layers(model: torch.nn.Module, layers: Sequence[str] | None = None) -> dict:
+    """``{module path: FoviLayer}`` for every ``KNNConvLayer`` of ``model``, or for those named
+    in ``layers``. ``ValueError`` if it has none or a name in ``layers`` is not one of them."""
+    found = fovi_conv_layers(model)
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no fovi KNNConvLayer to check")
+    unknown = [name for name in layers or () if name not in found]
+    if unknown:
+        raise ValueError(
+            f"not a KNNConvLayer of this model: {', '.join(unknown)}; its layers: "
+            f"{', '.join(found)}"
+        )
+    return {name: found[name] for name in layers} if layers else found
+
+
 def verify_fovi_model(
     model: torch.nn.Module,
     *,
     layers: Sequence[str] | None = None,
-    dtypes: Sequence[torch.dtype] = (torch.float32, torch.float64),
+    dtypes: Sequence[torch.dtype] = MODEL_DTYPES,
     batch: int = 2,
     seed: int = 0,
     device: str | torch.device = "cpu",
@@ -254,16 +279,14 @@ def verify_fovi_model(
     the table and the findings, or to :func:`fovi_findings`. ``model`` must have been built on
     ``device`` (fovi's graphs do not move with ``.to()``). ``ValueError`` if it has no
     ``KNNConvLayer`` or a name in ``layers`` is not one of them."""
-    found = fovi_conv_layers(model)
-    if not found:
-        raise ValueError(f"{type(model).__name__} has no fovi KNNConvLayer to check")
-    unknown = [name for name in layers or () if name not in found]
-    if unknown:
-        raise ValueError(f"not a KNNConvLayer of this model: {', '.join(unknown)}; its layers: "
-                         f"{', '.join(found)}")  # fmt: skip
-    chosen = {name: found[name] for name in layers} if layers else found
-    return verify_fovi(chosen, dtypes=dtypes, batch=batch, seed=seed, device=device,
-                       on_layer=on_layer)  # fmt: skip
+    return verify_fovi(
+        model_layers(model, layers),
+        dtypes=dtypes,
+        batch=batch,
+        seed=seed,
+        device=device,
+        on_layer=on_layer,
+    )
 
 
 def load_model_factory(spec: str) -> torch.nn.Module:
@@ -281,8 +304,9 @@ def load_model_factory(spec: str) -> torch.nn.Module:
     except ModuleNotFoundError as err:
         if err.name is None or not module_name.startswith(err.name):
             raise  # the module was found and failed to import one of its own: show where
-        raise ValueError(f"--fovi-model {spec}: no module {err.name!r} importable from "
-                         f"{Path.cwd()}") from None  # fmt: skip
+        raise ValueError(
+            f"--fovi-model {spec}: no module {err.name!r} importable from {Path.cwd()}"
+        ) from None
     if not callable(make := getattr(module, factory, None)):
         raise ValueError(f"--fovi-model {spec}: {module_name} has no callable {factory!r}")
     model = make()
@@ -328,7 +352,7 @@ def fovi_findings(checks: Sequence[FoviCheck]) -> list[FoviFinding]:
             max(c.verdict.ratio for c in group),
             side,
             reason,
-        )  # fmt: skip
+        )
         for (backend, dtype, side, reason), group in groups.items()
     ]
 
@@ -354,6 +378,66 @@ def finding_scripts(finding: FoviFinding) -> list[str]:
     elif "before the bias is added" in reason and backend in _BIAS_ROUNDED_TWICE:
         scripts.append("half_bias_double_rounding.py")
     return scripts
+
+
+def _reproduced(check: FoviCheck) -> list[str]:
+    """The reproducers of one failed check, diagnosed on fovi's side (empty if none)."""
+    if check.side != "fovi":
+        return []
+    alone = FoviFinding(
+        check.backend,
+        dtype_name(check.dtype),
+        (check.quantity,),
+        1,
+        check.verdict.ratio,
+        check.side,
+        check.reason,
+    )
+    return finding_scripts(alone)
+
+
+def new_failures(checks: Sequence[FoviCheck]) -> list[FoviCheck]:
+    """The failed checks that are not a known finding about fovi. A known finding is diagnosed
+    on fovi's side (:func:`_diagnose` showed it from the numbers) and is one of the defects a
+    script in :data:`FINDINGS_DIR` reproduces (:func:`finding_scripts`, judged per check, so a
+    group cannot carry an unexplained quantity along with an explained one). Anything else, an
+    undiagnosed failure or a diagnosis no script reproduces, is new."""
+    return [c for c in checks if not c.verdict.ok and not _reproduced(c)]
+
+
+def exit_status(checks: Sequence[FoviCheck], *, strict: bool = False) -> int:
+    """The exit status of ``verify --fovi`` and ``--fovi-model``, one a CI job can gate on:
+    0 when every failure is a known finding about fovi (:func:`new_failures`), 1 on a new
+    failure; with ``strict``, 1 on any failure."""
+    failed = [c for c in checks if not c.verdict.ok]
+    return int(bool(failed if strict else new_failures(checks)))
+
+
+def gate_summary(checks: Sequence[FoviCheck], *, strict: bool = False) -> str:
+    """What :func:`exit_status` decided and why, for under the table: the new failures by
+    name (layer, backend, dtype, quantity, diagnosis), at most 10 of them."""
+    failed = [c for c in checks if not c.verdict.ok]
+    new = new_failures(checks)
+    status = exit_status(checks, strict=strict)
+    if not failed:
+        return "exit 0: every check passed"
+    if not new:
+        rule = "--strict: any failure exits 1" if strict else "--strict would exit 1"
+        return (
+            f"exit {status}: each of the {len(failed)} failed checks is a known finding about "
+            f"fovi\n(diagnosed on fovi's side, reproduced by a script); {rule}"
+        )
+    lines = [
+        f"exit {status}: {len(new)} of the {len(failed)} failed checks are new (no "
+        "reproducer in scripts/fovi_findings/ explains them):"
+    ]
+    for c in new[:10]:
+        lines.append(
+            f"  {c.layer} {c.backend} {dtype_name(c.dtype)} {c.quantity}: {c.side}: {c.reason}"
+        )
+    if len(new) > 10:
+        lines.append(f"  ... and {len(new) - 10} more (in the json's new_failures)")
+    return "\n".join(lines)
 
 
 def fovi_rows(checks: Sequence[FoviCheck]) -> list[dict]:
@@ -439,12 +523,14 @@ def fovi_record(checks: Sequence[FoviCheck], **about: Any) -> dict:
 
 
 def run_fovi(args) -> int:
-    """``python -m fovi_ref verify --fovi``: fovi 2.4.0's backends through fovi's own layers,
-    judged by the same elementwise rule (:func:`verify_fovi`), then how fovi's graphs depend on
-    the machine (:func:`~fovi_ref.check.fovi.machines.machine_finding`); the table and the finding
-    on stdout, ``verify_fovi.json`` in ``args.out``. Returns the exit status: 0 when every cell
-    passed, 1 on a FAIL (a finding about fovi: the table says which side is wrong and why), 2
-    when fovi is not installed or ``--fovi-model`` names no model factory."""
+    """``python -m fovi_ref verify --fovi`` (or ``--fovi-model``): fovi 2.4.0's backends through
+    fovi's own layers (or every ``KNNConvLayer`` of the model ``args.fovi_model`` names), judged
+    by the same elementwise rule (:func:`verify_fovi`); for fovi's own model, then, how its graphs
+    depend on the machine (:func:`~fovi_ref.check.fovi.machines.machine_finding`) and the float16
+    overflow. The table and findings on stdout, ``verify_fovi.json`` (``verify_fovi_model.json``)
+    in ``args.out``. Returns the exit status: :func:`exit_status` (0 when every failure is a known
+    finding about fovi, 1 on a new one or, with ``args.strict``, on any), 2 when fovi is not
+    installed or ``--fovi-model`` names no model factory or no layer of its model."""
 
     try:
         fovi = require_fovi()
@@ -453,26 +539,24 @@ def run_fovi(args) -> int:
         return 2
     device = torch.device(args.device)
     dtypes = tuple(DTYPES[d] for d in args.dtypes)
+    strict = bool(getattr(args, "strict", False))
 
     def on_layer(i, n, name):
         progress(i, n, f"verify fovi {name}")
 
     spec = getattr(args, "fovi_model", None)
-    if spec:  # a user's own model: every KNNConvLayer in it
+    if spec:  # a user's own model: every KNNConvLayer in it (or those --layers names)
         try:
-            model = load_model_factory(spec)
-        except (ValueError, TypeError) as err:  # the spec, not the user's code, is wrong
+            layers = model_layers(load_model_factory(spec), args.layers)
+        except (ValueError, TypeError) as err:  # the spec or a name, not the user's code, is wrong
             print(f"verify: {err}", file=sys.stderr)
             return 2
-        checks = verify_fovi_model(model, layers=args.layers, dtypes=dtypes, batch=args.batch,
-                                   device=device, on_layer=on_layer)  # fmt: skip
         what = f"{spec}'s"
     else:
         every = fovi_resnet18_layers(device)
         layers = {name: every[name] for name in layer_names(args.layers)}
-        checks = verify_fovi(layers, dtypes=dtypes, batch=args.batch, device=device,
-                             on_layer=on_layer)  # fmt: skip
         what = "fovi's own"
+    checks = verify_fovi(layers, dtypes=dtypes, batch=args.batch, device=device, on_layer=on_layer)
     print(f"\nfovi {fovi.__version__} on {device}, batch {args.batch}: {what} layers, every")
     print("backend that runs here; y and grad x/weight/bias vs the float64 oracle, judged by")
     print("fovi_ref's elementwise rule (fovi_ref/check/tolerances.py), fovi's all-padding reading.")
@@ -482,8 +566,9 @@ def run_fovi(args) -> int:
     print(format_fovi_table(checks))
     record = fovi_record(checks, torch=torch.__version__, device=str(device), batch=args.batch)
     name = "verify_fovi.json"
-    if spec:  # the findings below are about fovi's KNNResNet-18, not the user's model
+    if spec:  # the machine and overflow findings below are about fovi's default model only
         record["model"], name = spec, "verify_fovi_model.json"
+        print(f"\n{MODEL_GRAPHS_NOTE}")
     else:  # Graphs are built on the CPU whatever the device, so this finding is the CPU's.
         finding = machine_finding()
         print(f"\n{finding.summary()}")
@@ -491,7 +576,29 @@ def run_fovi(args) -> int:
         overflow = overflow_finding(device)
         print(f"\n{overflow.summary()}")
         record["overflow_finding"] = {**vars(overflow), "overflowing": overflow.overflowing}
+    status = exit_status(checks, strict=strict)
+    print(f"\n{gate_summary(checks, strict=strict)}")
+    record["new_failures"] = [
+        {
+            "layer": c.layer,
+            "backend": c.backend,
+            "dtype": dtype_name(c.dtype),
+            "quantity": c.quantity,
+            "side": c.side,
+            "reason": c.reason,
+        }
+        for c in new_failures(checks)
+    ]
+    record["strict"], record["exit"] = strict, status
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(json.dumps(record, indent=1))
-    return 0 if record["failed"] == 0 else 1
+    return status
+
+
+MODEL_GRAPHS_NOTE = """\
+Ties and machine flips of this model's graphs: not computed. Ties need the geometry the graphs
+were built from, which fovi_ref rebuilds for fovi-resnet18's defaults only; flips need the model
+built again in fresh interpreters under other arithmetic settings. verify --fovi does both for
+fovi-resnet18 (fovi.machines.machine_finding)."""
+"""What ``verify --fovi-model`` prints in place of ``verify --fovi``'s machine finding."""
