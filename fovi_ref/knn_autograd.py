@@ -49,10 +49,13 @@ def route(meta: KNNMeta) -> str:
 
 def route_layer(layer: Any) -> str:
     """:func:`route` for a fovi ``KNNConvLayer`` or a ``KNNConv``: its ``_k`` and ``local_rf``."""
-    k, local_rf = getattr(layer, "_k", None), getattr(layer, "local_rf", None)
+    k = getattr(layer, "_k", None)
+    local_rf = getattr(layer, "local_rf", None)
     if not isinstance(k, int) or not isinstance(local_rf, torch.Tensor) or local_rf.dim() != 3:
-        raise TypeError(f"route_layer needs a KNN conv layer with an int _k and a [Nout, K, V] "
-                        f"local_rf tensor; {type(layer).__name__} has neither")  # fmt: skip
+        raise TypeError(
+            f"route_layer needs a KNN conv layer with an int _k and a [Nout, K, V] "
+            f"local_rf tensor; {type(layer).__name__} has neither"
+        )
     return GatherGemmOps.name if gather_gemm_applies(k, local_rf.shape[2]) else GeneralOps.name
 
 
@@ -86,12 +89,16 @@ def _check_call(x, weight, bias, meta, backend) -> Any:
     if x.dtype not in DTYPES.values():
         raise TypeError(f"x must be float16, bfloat16, float32 or float64, got {x.dtype}")
     if x.dim() != 3 or x.shape[1] != meta.in_channels or x.shape[2] != meta.n_in:
-        raise ValueError(f"x must be [B, Cin={meta.in_channels}, Nin={meta.n_in}] for this "
-                         f"meta, got {tuple(x.shape)}")  # fmt: skip
+        raise ValueError(
+            f"x must be [B, Cin={meta.in_channels}, Nin={meta.n_in}] for this "
+            f"meta, got {tuple(x.shape)}"
+        )
     cols = meta.in_channels * meta.v
     if weight.dim() != 2 or weight.shape[1] != cols or weight.shape[0] < 1:
-        raise ValueError(f"weight must be [Cout >= 1, Cin*V = {meta.in_channels}*{meta.v} = "
-                         f"{cols}], got {tuple(weight.shape)}")  # fmt: skip
+        raise ValueError(
+            f"weight must be [Cout >= 1, Cin*V = {meta.in_channels}*{meta.v} = "
+            f"{cols}], got {tuple(weight.shape)}"
+        )
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
         raise ValueError(f"bias must be [Cout = {weight.shape[0]}], got {tuple(bias.shape)}")
     for name, t in (("weight", weight), ("bias", bias), ("meta", meta)):
@@ -99,13 +106,16 @@ def _check_call(x, weight, bias, meta, backend) -> Any:
             raise TypeError(f"{name} dtype {t.dtype} differs from x dtype {x.dtype}")
         if t is not None and t.device != x.device:
             hint = " (meta.to(device))" if name == "meta" else ""
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; move both to one "
-                             f"device{hint}")  # fmt: skip
+            raise ValueError(
+                f"{name} is on {t.device} but x is on {x.device}; move both to one device{hint}"
+            )
     ops = backend if hasattr(backend, "forward") else get_ops(backend or route(meta))
     supports = getattr(ops, "supports", None)
     if supports is not None and not supports(meta):
-        raise ValueError(f"backend {ops.name!r} does not support this meta (K={meta.k}, "
-                         f"V={meta.v}); route(meta) suggests {route(meta)!r}")  # fmt: skip
+        raise ValueError(
+            f"backend {ops.name!r} does not support this meta (K={meta.k}, "
+            f"V={meta.v}); route(meta) suggests {route(meta)!r}"
+        )
     return ops
 
 
@@ -119,8 +129,10 @@ def _forward(x, weight, bias, meta, ops, keep):
         return ops.forward(meta, x, weight, bias).detach(), None
     pair = ops.forward_with_operand(meta, x, weight, bias)
     if not isinstance(pair, tuple) or len(pair) != 2 or pair[1] is None:
-        raise TypeError(f"backend {ops.name!r}: forward_with_operand must return a pair (y, "
-                        "operand), the operand a tensor")  # fmt: skip
+        raise TypeError(
+            f"backend {ops.name!r}: forward_with_operand must return a pair (y, "
+            "operand), the operand a tensor"
+        )
     return pair[0].detach(), pair[1]
 
 
@@ -146,7 +158,8 @@ class _KNNConvFunction(torch.autograd.Function):
 
 class _UnderTorchFunc(_KNNConvFunction):
     """The same in the ``setup_context`` style torch.func requires, whose ``apply`` binds the
-    signature per call (30 to 40 us on 2 cores): the eager door takes it under a transform only."""
+    signature on every call, a fixed cost per call: the eager door takes it under a transform
+    only."""
 
     forward = staticmethod(_forward)
     setup_context = staticmethod(transforms.save_for_gradients)
@@ -162,9 +175,18 @@ def _op_meta(knn, rf_index, derived, names, n_in, in_channels, v, backend) -> KN
 
 
 @torch.library.custom_op("fovi_ref::knn_conv", mutates_args=())
-def _knn_conv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 knn: torch.Tensor, rf_index: torch.Tensor, derived: list[torch.Tensor],
-                 names: str, n_in: int, v: int, backend: str) -> torch.Tensor:  # fmt: skip
+def _knn_conv_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    knn: torch.Tensor,
+    rf_index: torch.Tensor,
+    derived: list[torch.Tensor],
+    names: str,
+    n_in: int,
+    v: int,
+    backend: str,
+) -> torch.Tensor:
     meta = _op_meta(knn, rf_index, derived, names, n_in, x.shape[1], v, backend)
     return get_ops(backend).forward(meta, x, weight, bias)
 
@@ -175,9 +197,17 @@ def _(x, weight, bias, knn, *graph):
 
 
 @torch.library.custom_op("fovi_ref::knn_conv_grad_input", mutates_args=())
-def _grad_input_op(grad_y: torch.Tensor, weight: torch.Tensor, knn: torch.Tensor,
-                   rf_index: torch.Tensor, derived: list[torch.Tensor], names: str, n_in: int,
-                   v: int, backend: str) -> torch.Tensor:  # fmt: skip
+def _grad_input_op(
+    grad_y: torch.Tensor,
+    weight: torch.Tensor,
+    knn: torch.Tensor,
+    rf_index: torch.Tensor,
+    derived: list[torch.Tensor],
+    names: str,
+    n_in: int,
+    v: int,
+    backend: str,
+) -> torch.Tensor:
     meta = _op_meta(knn, rf_index, derived, names, n_in, weight.shape[1] // v, v, backend)
     return get_ops(backend).grad_input(meta, grad_y, weight)
 
@@ -188,9 +218,17 @@ def _(grad_y, weight, knn, rf_index, derived, names, n_in, v, backend):
 
 
 @torch.library.custom_op("fovi_ref::knn_conv_grad_weight", mutates_args=())
-def _grad_weight_op(grad_y: torch.Tensor, x: torch.Tensor, knn: torch.Tensor,
-                    rf_index: torch.Tensor, derived: list[torch.Tensor], names: str, n_in: int,
-                    v: int, backend: str) -> torch.Tensor:  # fmt: skip
+def _grad_weight_op(
+    grad_y: torch.Tensor,
+    x: torch.Tensor,
+    knn: torch.Tensor,
+    rf_index: torch.Tensor,
+    derived: list[torch.Tensor],
+    names: str,
+    n_in: int,
+    v: int,
+    backend: str,
+) -> torch.Tensor:
     meta = _op_meta(knn, rf_index, derived, names, n_in, x.shape[1], v, backend)
     return get_ops(backend).grad_weight(meta, grad_y, x)
 
@@ -223,8 +261,14 @@ _grad_weight_op.register_autograd(transforms.refuse_second_order)
 
 
 # --------------------------------------------------------------------------------- entry point
-def knn_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, meta: KNNMeta,
-             *, backend: str | Any | None = None) -> torch.Tensor:  # fmt: skip
+def knn_conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    meta: KNNMeta,
+    *,
+    backend: str | Any | None = None,
+) -> torch.Tensor:
     """KNN convolution ``y [B, Cout, Nout]`` (fovi's layout) of ``x [B, Cin, Nin]`` over the
     graph ``meta`` (on ``x``'s device), with ``weight [Cout, Cin*V]`` (column ``c*V + cell``) and
     ``bias [Cout]`` or ``None``, all float16/bfloat16/float32/float64 of one dtype. ``backend``:

@@ -86,8 +86,10 @@ def _check_range(name: str, t: torch.Tensor, low: int, high: int, what: str) -> 
     bad = (t < low) | (t > high)
     if bool(bad.any()):
         pos = tuple(int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"{name} entries must lie in [{low}, {high}] ({what}); "
-                         f"{name}[{', '.join(map(str, pos))}] = {int(t[pos])}")  # fmt: skip
+        raise ValueError(
+            f"{name} entries must lie in [{low}, {high}] ({what}); "
+            f"{name}[{', '.join(map(str, pos))}] = {int(t[pos])}"
+        )
 
 
 def _not_derived_while_compiling(backend: str) -> None:
@@ -123,8 +125,9 @@ class KNNMeta:
 
     __slots__ = ("knn", "rf_index", "n_in", "in_channels", "v", "_derived", "__weakref__")
 
-    def __init__(self, knn: torch.Tensor, rf_index: torch.Tensor, n_in: int, in_channels: int,
-                 v: int) -> None:  # fmt: skip
+    def __init__(
+        self, knn: torch.Tensor, rf_index: torch.Tensor, n_in: int, in_channels: int, v: int
+    ) -> None:
         n_in = check_int("n_in", n_in, low=1)
         in_channels = check_int("in_channels", in_channels, low=1)
         v = check_int("v", v, low=1)
@@ -134,11 +137,14 @@ class KNNMeta:
         if k < 1 or n_out < 1:
             raise ValueError(f"knn must be [K, Nout] with K, Nout >= 1, got {tuple(knn.shape)}")
         if tuple(rf_index.shape) != (n_out, k):
-            raise ValueError(f"rf_index must be [Nout, K] = [{n_out}, {k}] to match knn "
-                             f"{tuple(knn.shape)}, got {tuple(rf_index.shape)}")  # fmt: skip
+            raise ValueError(
+                f"rf_index must be [Nout, K] = [{n_out}, {k}] to match knn "
+                f"{tuple(knn.shape)}, got {tuple(rf_index.shape)}"
+            )
         if rf_index.device != knn.device:
-            raise ValueError(f"knn and rf_index must be on one device, got {knn.device} and "
-                             f"{rf_index.device}")  # fmt: skip
+            raise ValueError(
+                f"knn and rf_index must be on one device, got {knn.device} and {rf_index.device}"
+            )
         rows = {"(n_in + 1)": n_in + 1, "v * n_out": v * n_out, "k * n_out": knn.numel()}
         for what, count in rows.items():  # see "Sizes" above
             if in_channels * count > 2**31:
@@ -156,8 +162,15 @@ class KNNMeta:
         return self
 
     @classmethod
-    def trusted(cls, knn: torch.Tensor, rf_index: torch.Tensor, n_in: int, in_channels: int,
-                v: int, derived: dict[str, Derived] | None = None) -> KNNMeta:  # fmt: skip
+    def trusted(
+        cls,
+        knn: torch.Tensor,
+        rf_index: torch.Tensor,
+        n_in: int,
+        in_channels: int,
+        v: int,
+        derived: dict[str, Derived] | None = None,
+    ) -> KNNMeta:
         """A meta over tensors validated before, *not* validated or copied again: for a
         ``KNNConv`` building its meta from its buffers, the custom op, unpickling. ``derived``
         maps a backend name to its derived data (see :meth:`derived`)."""
@@ -172,15 +185,17 @@ class KNNMeta:
 
     # ----------------------------------------------------------------------------- builders
     @classmethod
-    def from_knn(cls, knn: torch.Tensor, rf_index: torch.Tensor, *, n_in: int, in_channels: int,
-                 v: int) -> KNNMeta:  # fmt: skip
+    def from_knn(
+        cls, knn: torch.Tensor, rf_index: torch.Tensor, *, n_in: int, in_channels: int, v: int
+    ) -> KNNMeta:
         """Validate and build a meta from ``knn [K, Nout]`` (entries in ``[0, n_in]``, ``n_in``
         = padding) and ``rf_index [Nout, K]`` (entries in ``[0, v)``, on ``knn``'s device)."""
         return cls(knn, rf_index, n_in, in_channels, v)
 
     @classmethod
-    def from_local_rf(cls, knn: torch.Tensor, local_rf: torch.Tensor, *, n_in: int,
-                      in_channels: int) -> KNNMeta:  # fmt: skip
+    def from_local_rf(
+        cls, knn: torch.Tensor, local_rf: torch.Tensor, *, n_in: int, in_channels: int
+    ) -> KNNMeta:
         """Build a meta from fovi's one-hot ``local_rf [Nout, K, V]`` (any real or bool dtype):
         every ``local_rf[n, k, :]`` must hold exactly one 1, and 0 elsewhere."""
         if not isinstance(local_rf, torch.Tensor) or local_rf.is_complex():
@@ -195,13 +210,17 @@ class KNNMeta:
         not_binary = ~(ones | (local_rf == 0))
         if bool(not_binary.any()):
             pos = tuple(int(i) for i in not_binary.nonzero()[0])
-            raise ValueError(f"local_rf must be one-hot (entries 0 or 1); local_rf{list(pos)} = "
-                             f"{local_rf[pos].item()}")  # fmt: skip
+            raise ValueError(
+                f"local_rf must be one-hot (entries 0 or 1); local_rf{list(pos)} = "
+                f"{local_rf[pos].item()}"
+            )
         per_row = ones.sum(dim=2)  # [Nout, K]
         if bool((per_row != 1).any()):
             n, k = (int(i) for i in (per_row != 1).nonzero()[0])
-            raise ValueError(f"local_rf must be one-hot along its last axis; local_rf[{n}, {k}, :] "
-                             f"has {int(per_row[n, k])} ones")  # fmt: skip
+            raise ValueError(
+                f"local_rf must be one-hot along its last axis; local_rf[{n}, {k}, :] "
+                f"has {int(per_row[n, k])} ones"
+            )
         rf_index = ones.to(torch.uint8).argmax(dim=2)  # [Nout, K]
         return cls(knn, rf_index, n_in, in_channels, int(local_rf.shape[2]))
 
@@ -221,8 +240,10 @@ class KNNMeta:
         elif hasattr(layer, "knn_pad_token_val"):
             n_in = check_int("layer.knn_pad_token_val", layer.knn_pad_token_val, low=1)
         else:
-            raise TypeError(f"layer ({what}) has neither in_coords nor knn_pad_token_val; cannot "
-                            "tell its input node count")  # fmt: skip
+            raise TypeError(
+                f"layer ({what}) has neither in_coords nor knn_pad_token_val; cannot "
+                "tell its input node count"
+            )
         if hasattr(layer, "knn_indices_pad_token"):
             knn = _check_index_tensor("layer.knn_indices_pad_token", layer.knn_indices_pad_token, 2)
         elif hasattr(layer, "knn_indices"):
@@ -305,8 +326,10 @@ class KNNMeta:
         if not isinstance(data, dict) or not all(
             isinstance(key, str) and isinstance(t, torch.Tensor) for key, t in data.items()
         ):
-            raise TypeError(f"backend {backend!r}: derive(meta) must return a dict of str -> "
-                            f"torch.Tensor, got {data!r:.80}")  # fmt: skip
+            raise TypeError(
+                f"backend {backend!r}: derive(meta) must return a dict of str -> "
+                f"torch.Tensor, got {data!r:.80}"
+            )
         return self._derived.setdefault(backend, data)
 
     def to(self, device: torch.device | str) -> KNNMeta:
@@ -316,8 +339,10 @@ class KNNMeta:
             raise ValueError("device: a KNNMeta cannot move to the 'meta' device (no values)")
         if device.type == self.device.type and (device.index is None or device == self.device):
             return self
-        derived = {name: {key: t.to(device) for key, t in data.items()}
-                   for name, data in self._derived.items()}  # fmt: skip
+        derived = {
+            name: {key: t.to(device) for key, t in data.items()}
+            for name, data in self._derived.items()
+        }
         sizes = (self.n_in, self.in_channels, self.v)
         return KNNMeta.trusted(self.knn.to(device), self.rf_index.to(device), *sizes, derived)
 
@@ -330,6 +355,8 @@ class KNNMeta:
         return sizes and same and torch.equal(self.rf_index.cpu(), other.rf_index.cpu())
 
     def __repr__(self) -> str:
-        return (f"KNNMeta(k={self.k}, v={self.v}, n_in={self.n_in}, n_out={self.n_out}, "
-                f"in_channels={self.in_channels}, padding={int(self.pad_mask.sum())}, "
-                f"device={self.device})")  # fmt: skip
+        return (
+            f"KNNMeta(k={self.k}, v={self.v}, n_in={self.n_in}, n_out={self.n_out}, "
+            f"in_channels={self.in_channels}, padding={int(self.pad_mask.sum())}, "
+            f"device={self.device})"
+        )

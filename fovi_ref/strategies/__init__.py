@@ -35,7 +35,7 @@ from types import ModuleType
 
 import torch
 
-from fovi_ref import knn_general as textbook
+import fovi_ref.knn_general as textbook
 from fovi_ref.meta import Derived, KNNMeta
 from fovi_ref.strategies import channel_blocks, few_columns, node_rows, occupied_cells
 
