@@ -80,7 +80,7 @@ def test_the_notebook_table_lists_every_notebook_with_its_measured_time():
     rows = re.findall(row, section("The notebooks"), flags=re.MULTILINE)
     assert [name for name, _ in rows] == notebooks
     assert {name: int(s) for name, s in rows} == run_times()
-    assert "all five in place" in section("The notebooks")
+    assert "all six in place" in section("The notebooks")
     assert "run_times.txt" in (ROOT / "Makefile").read_text()
 
 
@@ -110,9 +110,16 @@ def test_every_link_and_help_target_exists():
 
 
 def test_the_python_example_prints_what_its_comment_says():
-    example = next(b for b in code_blocks("python") if "get_layer" in b)
+    example = next(b for b in code_blocks("python") if "KNNConv" in b)
     comment = re.search(r"print\([^\n]*\) +# ([^\n]*)", example).group(1)
     assert run_printing(example).strip() == comment
+
+
+def test_the_strategy_example_prints_what_the_readme_says():
+    example = next(b for b in code_blocks("python") if "strategy_for" in b)
+    said = re.search(r"prints (`.*?`)\s*\(on a CPU", README, flags=re.DOTALL).group(1)
+    expected = [" ".join(p.split()) for p in re.findall(r"`([^`]*)`", said)]
+    assert run_printing(textwrap.dedent(example)).splitlines() == expected
 
 
 def test_the_verify_example_is_what_its_command_prints(tmp_path, capsys):
