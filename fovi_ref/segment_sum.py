@@ -39,9 +39,11 @@ __all__ = [
     "segment_sum_naive",
 ]
 
-HUB = 16
-"""Most terms a row adds in rounds (rows): more go in a tree. res18's rows have at most 15, so
-none of its layers has a tree; ``bench --hub`` and ``bench --strategies`` time the trees."""
+HUB = 15
+"""Most terms a row adds in rounds (terms): more go in a tree. Set by ``bench --strategies``
+(rounds and trees tie from about 13 to 15 terms); res18's rows have at most 15 terms, so none of
+its layers has a tree (``tests/test_strategies.py``). ``bench --hub`` times the trees against
+fovi."""
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

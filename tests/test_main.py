@@ -246,3 +246,16 @@ def test_the_machine_load_line_warns_when_busy():
     assert "BUSY" in timing.MachineLoad(4.5, 2, 0.03).line()
     measured = timing.machine_load()
     assert measured.cores >= 1 and measured.reference_spread >= 0
+
+
+def test_bench_strategies_runs_the_strategies_job_with_the_rounds_given(monkeypatch, tmp_path):
+    from fovi_ref.check.bench import strategies
+
+    calls = []
+    monkeypatch.setattr(strategies, "run", lambda **kwargs: calls.append(kwargs))
+    assert main(["bench", "--strategies", "--out", str(tmp_path)]) == 0
+    assert main(["bench", "--strategies", "--out", str(tmp_path), "--repeats", "2"]) == 0
+    assert calls == [
+        {"out": str(tmp_path), "rounds": strategies.ROUNDS},
+        {"out": str(tmp_path), "rounds": 2},
+    ]

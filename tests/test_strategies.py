@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import DEVICES, force_cells, random_meta, sample_inputs
 from test_segment_sum import order_sensitive_rows
 
 from fovi_ref import KNNMeta, knn_conv
+from fovi_ref.check.bench import strategies as bench_strategies
 from fovi_ref.check.operands import forward_and_grads
 from fovi_ref.check.tolerances import QUANTITIES, expected_quantities, judge_elementwise
 from fovi_ref.geometry import get_layer
@@ -207,8 +210,8 @@ def test_the_choice_on_res18():
     assert _strategy("layer1.0.conv1", 64) == "channel_blocks"
     assert _strategy("layer1.0.conv1", 64, "cuda") == "textbook"
     assert _strategy("layer1.0.conv1", 8) == "textbook"
-    assert _strategy("layer4.0.conv1", 8) == "few_columns"  # Nout 2: 16 GEMM columns
-    assert _strategy("layer4.0.conv1", 9) == "textbook"
+    assert _strategy("layer4.0.conv1", 6) == "few_columns"  # Nout 2: 12 GEMM columns
+    assert _strategy("layer4.0.conv1", 7) == "textbook"
 
 
 def test_derived_data_holds_only_the_plans_a_graph_can_reach():
@@ -253,3 +256,109 @@ def test_forced_strategies_are_backends_of_their_own():
     x, w, b = sample_inputs(meta, batch=2)
     y = knn_conv(x, w, b, meta, backend=forced_ops("textbook"))
     assert torch.equal(y, knn_conv(x, w, b, meta, backend="general_textbook"))
+
+
+# ------------------------------------------- the tuned constants, held to the stored record
+def test_every_tuned_constant_agrees_with_the_stored_record():
+    """No value of a constant would send fewer of the record's cases down the path they were
+    found clearly slower on (ties either way) than today's value, with the quantities computed
+    from the code as it is now (so PAIR_COST and WEIGHT_COST are held through CELLS_AT_MOST's
+    estimate); no BLOCK_ROWS candidate is clearly faster than today's."""
+    record = json.loads(bench_strategies.RECORD_PATH.read_text())
+    by_constant = bench_strategies.from_record(record)
+    wrong = [c for c in bench_strategies.RULES if not bench_strategies.agrees(c, by_constant[c])]
+    assert not wrong, "constants disagree with the stored record (re-run bench --strategies):\n" + (
+        "\n".join(bench_strategies.report({c: by_constant[c] for c in wrong}))
+    )
+    assert not bench_strategies.block_rows_disagreements(by_constant["BLOCK_ROWS"])
+
+
+def test_the_stored_record_is_a_usable_measurement():
+    """Every constant was timed on both sides of today's value, within an A/A band narrow
+    enough to decide something, and the record decided cases of all rules but at most one (a
+    record where every case ties would let any constant agree; one rule whose cases all tie is
+    a finding, which the report prints as undecided)."""
+    record = json.loads(bench_strategies.RECORD_PATH.read_text())
+    assert record["kind"] == "fovi_ref strategies sweep" and record["device"] == "cpu"
+    by_constant = bench_strategies.from_record(record)
+    assert set(by_constant) == {*bench_strategies.RULES, "BLOCK_ROWS"}
+    undecided = []
+    for constant, rule in bench_strategies.RULES.items():
+        points = by_constant[constant]
+        sent = {rule.on(rule.quantity(p.params)) for p in points}
+        assert sent == {True, False}, f"{constant}: cases on one side only"
+        band = bench_strategies.noise_band(points)
+        assert band < 0.5, f"{constant}: noise band {band:.0%}"
+        if set(bench_strategies.verdicts(points, band)) == {"tie"}:
+            undecided.append(constant)
+    assert len(undecided) <= 1, f"undecided: {undecided}"
+    timed = {p.params["block_rows"] for p in by_constant["BLOCK_ROWS"]}
+    assert timed == set(bench_strategies.BLOCK_ROWS_CANDIDATES)
+
+
+def _point(batch: int, ratio: float) -> bench_strategies.Point:
+    params = {"layer": "layer3.0.conv2", "batch": batch}
+    return bench_strategies.Point("FEW_SAMPLES", params, ratio * 1e-3, 1e-3, 1e-3, [ratio])
+
+
+def test_a_constant_that_the_measurement_contradicts_disagrees(monkeypatch):
+    """Node rows clearly faster up to batch 6 and clearly slower from 8: FEW_SAMPLES 4 sends
+    batch 6 off although node rows won there; 6 and 7 agree; 8 sends batch 8 on."""
+    points = [_point(b, r) for b, r in ((1, 0.5), (4, 0.6), (6, 0.7), (8, 1.4), (16, 2.0))]
+    monkeypatch.setattr(node_rows, "FEW_SAMPLES", 4)
+    wrong = bench_strategies.disagreements("FEW_SAMPLES", points)
+    assert [(p.params["batch"], v) for p, v in wrong] == [(6, "on")]
+    for agreeing in (6, 7):
+        monkeypatch.setattr(node_rows, "FEW_SAMPLES", agreeing)
+        assert not bench_strategies.disagreements("FEW_SAMPLES", points)
+    monkeypatch.setattr(node_rows, "FEW_SAMPLES", 8)
+    wrong = bench_strategies.disagreements("FEW_SAMPLES", points)
+    assert [(p.params["batch"], v) for p, v in wrong] == [(8, "off")]
+    assert bench_strategies.fewest_disagreements("FEW_SAMPLES", points) == (0, [6])
+    assert not bench_strategies.agrees("FEW_SAMPLES", points)
+
+
+def test_a_case_no_value_can_send_right_does_not_condemn_the_constant(monkeypatch):
+    """Two layers at batch 4: node rows faster on one, slower on the other. Every value of
+    FEW_SAMPLES leaves one of them disagreeing, so 4 and 2 agree, while 16 (which also sends
+    the clearly slower batch 8 on) does not."""
+    points = [_point(b, r) for b, r in ((1, 0.5), (4, 0.6), (4, 1.4), (8, 1.5))]
+    for value, agreeing in ((4, True), (2, True), (16, False)):
+        monkeypatch.setattr(node_rows, "FEW_SAMPLES", value)
+        assert len(bench_strategies.disagreements("FEW_SAMPLES", points)) >= 1
+        assert bench_strategies.agrees("FEW_SAMPLES", points) is agreeing
+    assert bench_strategies.fewest_disagreements("FEW_SAMPLES", points) == (1, [1, 4])
+
+
+def test_block_rows_must_be_a_timed_candidate_and_the_fastest_within_the_band(monkeypatch):
+    def candidate(rows: int, seconds: float) -> bench_strategies.Point:
+        params = {"layer": "layer1.0.conv1", "batch": 64, "block_rows": rows}
+        return bench_strategies.Point("BLOCK_ROWS", params, seconds, 1.0, 1.0, [seconds])
+
+    points = [candidate(2**12, 1.3), candidate(2**14, 1.0), candidate(2**16, 0.98)]
+    monkeypatch.setattr(channel_blocks, "BLOCK_ROWS", 2**14)
+    assert not bench_strategies.block_rows_disagreements(points)  # 2% faster: within 5%
+    monkeypatch.setattr(channel_blocks, "BLOCK_ROWS", 2**12)
+    faster = bench_strategies.block_rows_disagreements(points)
+    assert [p.params["block_rows"] for p in faster] == [2**14, 2**16]
+    monkeypatch.setattr(channel_blocks, "BLOCK_ROWS", 2**13)
+    with pytest.raises(ValueError, match="was not timed"):
+        bench_strategies.block_rows_disagreements(points)
+
+
+def test_the_strategies_job_measures_reports_and_round_trips(tmp_path):
+    """One case of each constant and the BLOCK_ROWS candidates, one round: a point each, the
+    record read back equal, a report section per constant; the op's constants restored."""
+    saved = {name: rule.value for name, rule in bench_strategies.RULES.items()}
+    block_rows = channel_blocks.BLOCK_ROWS
+    cases = {constant: cases[:1] for constant, cases in bench_strategies.CASES.items()}
+    points = bench_strategies.measure(cases, rounds=1, passes=1)
+    assert [p.constant for p in points] == [*cases, *["BLOCK_ROWS"] * 5]
+    assert all(p.on > 0 and p.off > 0 and p.off_again > 0 for p in points)
+    record = json.loads(json.dumps(bench_strategies.to_record(points, device="cpu")))
+    by_constant = bench_strategies.from_record(record)
+    assert [p for ps in by_constant.values() for p in ps] == points
+    text = "\n".join(bench_strategies.report(by_constant))
+    assert all(f"\n{constant} = " in text for constant in by_constant)
+    assert {name: rule.value for name, rule in bench_strategies.RULES.items()} == saved
+    assert block_rows == channel_blocks.BLOCK_ROWS

@@ -24,7 +24,7 @@ import torch
 
 from fovi_ref import DTYPES, dtype_name
 from fovi_ref.check import check_command, verify
-from fovi_ref.check.bench import boundary, fovi, hub, layers, network, scaling, targets
+from fovi_ref.check.bench import boundary, fovi, hub, layers, network, scaling, strategies, targets
 from fovi_ref.check.fovi import verify as fovi_verify
 from fovi_ref.check.jobs import LOW_AND_SINGLE, layer_names
 
@@ -166,8 +166,9 @@ JOBS = {
     ("bench", "batch_scaling"): ("device", "dtype", "repeats", "layers"),
     ("bench", "network"): ("device", "dtype", "repeats"),
     ("bench", "hub"): ("device", "dtype", "repeats"),
+    ("bench", "strategies"): ("out", "repeats"),
 }
-BENCH_MODES = ("boundary", "fovi", "batch_scaling", "network", "hub")
+BENCH_MODES = ("boundary", "fovi", "batch_scaling", "network", "hub", "strategies")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -287,6 +288,14 @@ def parser() -> argparse.ArgumentParser:
         help="instead: hub graphs (every output reads one input, fan-out 1k to 32k): the time "
         "to derive general's plans, and general against fovi's einsum",
     )
+    b.add_argument(
+        "--strategies",
+        action="store_true",
+        help="instead: the routed general backend's choice on res18, and each tuned constant's "
+        "path timed forced on and off on both sides of it (CPU, float32; --repeats sets the "
+        f"rounds, default {strategies.ROUNDS}); says whether each constant agrees; writes "
+        "OUT/bench_strategies.json",
+    )
     check_command.add_parser(sub, _HelpFormatter)
     for sp in (v, b):
         sp.add_argument(
@@ -321,7 +330,10 @@ def _job(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, str
     else:
         modes = [m for m in BENCH_MODES if getattr(args, m)]
         if len(modes) > 1:
-            p.error("bench takes one of --boundary, --fovi, --batch-scaling, --network, --hub")
+            p.error(
+                "bench takes one of --boundary, --fovi, --batch-scaling, --network, --hub, "
+                "--strategies"
+            )
         job = ("bench", modes[0] if modes else "layers")
     given = [k for k in DEFAULTS if getattr(args, k, None) is not None]
     unused = [FLAGS.get(k, f"--{k.replace('_', '-')}") for k in given if k not in JOBS[job]]
@@ -361,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nmain job took {time.perf_counter() - start:.0f} s")
         return 0 if passed else 1
     job = _job(p, args)
+    rounds_given = args.repeats if args.command == "bench" else None  # before the defaults
     args = _filled(args, job)
     if job == ("verify", "oracle"):
         return 0 if verify.run(args) else 1
@@ -376,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     elif job == ("bench", "hub"):
         for dtype in args.dtype:
             hub.run(repeats=args.repeats, device=args.device, dtype=DTYPES[dtype])
+    elif job == ("bench", "strategies"):
+        strategies.run(out=args.out, rounds=rounds_given or strategies.ROUNDS)
     elif job == ("bench", "network"):
         for dtype in args.dtype:
             network.run(device=args.device, dtype=DTYPES[dtype], repeats=args.repeats)

@@ -16,7 +16,7 @@ axis           values (all other sizes at the base: K=3, V=4, Nin=16, Nout=12, C
 batch          1, 4, 5, 31, 32, 33, 63, 64, 65, 127, 128, 129         (``batch_<n>``)
 ``K``          1, 9, 10, 17, 40                                       (``k_<n>``)
 ``V``          1, 16, 17, 33                                          (``v_<n>``)
-fan-out        one input read by 40 (past twice fovi_ref's ``HUB`` of 16), 150 and 1,100
+fan-out        one input read by 40 (past twice fovi_ref's ``HUB``), 150 and 1,100
                outputs                                                (``hub_<n>``)
 occupied       ``K`` 2, ``V`` 16, ``Cin`` 64, ``Nout`` 64, batch 8: few of the cells
 cells          occupied, where a CPU backend may run one GEMM per occupied cell

@@ -19,11 +19,10 @@ The choice is a pure function of the graph, the batch and the device, and so is 
 the same call always runs the same sums in the same order. Each strategy is held to the
 textbook by ``tests/test_strategies.py``: bit for bit where its sums run in the same order (node
 rows, channel blocks, few columns: their segment sums), by the elementwise error rule (every
-quantity, every strategy). Every
-threshold is a named constant of its strategy's module, with its unit; ``python -m fovi_ref
-bench --strategies`` times each strategy forced on and off and its record holds the values
-(``tests/test_strategies.py`` fails when a constant disagrees with it). ``python -m fovi_ref
-bench --strategies`` and the README print :func:`choose_strategy` for res18's layers.
+quantity, every strategy). Every threshold is a named constant of its strategy's module, with
+its unit; ``python -m fovi_ref bench --strategies`` times each strategy forced on and off on
+both sides of its threshold, prints :func:`choose_strategy` for res18's layers, and writes a
+record; ``tests/test_strategies.py`` fails when a constant disagrees with the stored one.
 
 Derived data (:func:`derive`) holds the plans of the strategies a graph can reach, and no other.
 """

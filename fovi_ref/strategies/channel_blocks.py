@@ -9,7 +9,10 @@ its channel, so a block of ``cb`` channels needs only its slice of the weight's 
 
 Why it pays: a ``grad_z`` beyond :data:`WHOLE_BYTES` is mapped fresh by glibc on every call (a
 page fault per page), while a block of at most :data:`BLOCK_ROWS` rows is reused by the allocator
-and stays in cache. The entries are channel-major, so the first ``cb`` channels' entries plan
+and stays in cache. Whether that saves time on a given machine is for ``bench --strategies`` to
+say; either way a block bounds the memory ``grad_z`` takes to ``BLOCK_ROWS`` rows.
+
+The entries are channel-major, so the first ``cb`` channels' entries plan
 every full block (``block_unbin``), and the first ``Cin mod cb`` the last one
 (``block_rest_unbin``): every row adds the same terms in the same order as the textbook, bit
 for bit. Blocks need not divide ``Cin``, so a prime ``Cin`` keeps full-size blocks. The forward

@@ -39,7 +39,7 @@ __all__ = [
     "operand",
 ]
 
-FEW_COLUMNS = 16
+FEW_COLUMNS = 12
 """Largest GEMM column count ``Nout*B`` (columns) run in this arrangement. Set by ``bench
 --strategies``."""
 

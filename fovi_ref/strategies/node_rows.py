@@ -32,7 +32,6 @@ from fovi_ref.segment_sum import (
 
 __all__ = [
     "FEW_SAMPLES",
-    "TRANSPOSE_NODES",
     "applies",
     "derive",
     "forward_with_operand",
@@ -48,10 +47,6 @@ FEW_SAMPLES = 4
 """Largest batch (samples) summed over node rows. Set by ``bench --strategies`` (its record
 ``fovi_ref/check/bench/strategies_record.json``): the largest batch at which node rows beat the
 textbook on res18's layers."""
-
-TRANSPOSE_NODES = 32
-"""Fewest nodes (rows) for which node rows ``[N, B*Cin]`` go back to ``[B, Cin, N]`` by a 2-D
-transpose rather than a 3-D permute, beyond :data:`FEW_SAMPLES`. Set by ``bench --strategies``."""
 
 
 def applies(batch: int) -> bool:
@@ -81,13 +76,9 @@ def node_rows(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
 
 
 def to_fovi_input(rows: torch.Tensor, batch: int, c_in: int) -> torch.Tensor:
-    """Node rows ``[N, B*Cin] -> [B, Cin, N]``, contiguous, in one copy: the 2-D transpose
-    (which ATen copies in cache-sized blocks) from :data:`TRANSPOSE_NODES` nodes beyond few
-    samples, else the 3-D permute, which wins on short rows."""
-    n = rows.shape[0]
-    if n >= TRANSPOSE_NODES and batch > FEW_SAMPLES:
-        return rows.t().contiguous().view(batch, c_in, n)
-    return rows.view(n, batch, c_in).permute(1, 2, 0).contiguous()
+    """Node rows ``[N, B*Cin] -> [B, Cin, N]``, contiguous, in one copy: a 2-D transpose, which
+    ATen copies in cache-sized tiles."""
+    return rows.t().contiguous().view(batch, c_in, rows.shape[0])
 
 
 def grad_y_layout(grad_y: torch.Tensor) -> torch.Tensor:

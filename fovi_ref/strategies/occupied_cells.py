@@ -20,8 +20,9 @@ this strategy over the textbook's as::
     occupied * (1 + PAIR_COST / Cin) + WEIGHT_COST / (B * Nout)
 
 (the products kept, plus the pair traffic per product, plus the weight's copies per GEMM row),
-and it runs where that is at most :data:`CELLS_AT_MOST`. The constants are fitted by ``python
--m fovi_ref bench --strategies``, whose record holds the measured ratios they were fitted to.
+and it runs where that is at most :data:`CELLS_AT_MOST`. The three constants are held together
+by ``python -m fovi_ref bench --strategies``: its record of this strategy forced on and off on
+res18's layers must be routed by the estimate as well as any value of the threshold could.
 """
 
 from __future__ import annotations
@@ -54,12 +55,12 @@ __all__ = [
 ]
 
 PAIR_COST = 30.0
-"""A pair's moves, in units of one multiply-add per input channel (dimensionless). Fitted by
-``bench --strategies`` to forward + backward of both strategies."""
+"""A pair's moves, in units of one multiply-add per input channel (dimensionless); held with
+:data:`CELLS_AT_MOST` to the record of ``bench --strategies``."""
 
 WEIGHT_COST = 30.0
-"""The weight's permuting copies, in units of one GEMM row ``(b, n)`` (dimensionless). Fitted
-by ``bench --strategies`` with :data:`PAIR_COST`."""
+"""The weight's permuting copies, in units of one GEMM row ``(b, n)`` (dimensionless); held
+with :data:`PAIR_COST`."""
 
 CELLS_AT_MOST = 0.9
 """The :func:`estimate` (time per cell / time of the textbook) at or below which this strategy
@@ -69,7 +70,8 @@ runs: below 1, leaving room for the estimate's error near the choice. Set by ``b
 PAIR_BYTES = 32 * 2**20
 """Largest pair features ``[T*B, Cin]`` (bytes, float32) this strategy allocates: glibc maps
 larger blocks fresh on every call (its mmap threshold grows to at most 32 MiB), a page fault per
-page. Shared with :data:`fovi_ref.strategies.channel_blocks.WHOLE_BYTES`, for the same reason."""
+page. The same reason as :data:`fovi_ref.strategies.channel_blocks.WHOLE_BYTES`'s, which
+``bench --strategies`` times; this one it does not."""
 
 
 def pair_count(data: Derived) -> int:

@@ -7,7 +7,9 @@
 - jobs: :mod:`~fovi_ref.check.bench.layers` (``bench``), :mod:`~fovi_ref.check.bench.boundary`
   (``bench --boundary``), :mod:`~fovi_ref.check.bench.network` (``bench --network``),
   :mod:`~fovi_ref.check.bench.scaling` (``bench --batch-scaling``),
-  :mod:`~fovi_ref.check.bench.fovi` (``bench --fovi``), and
+  :mod:`~fovi_ref.check.bench.fovi` (``bench --fovi``),
+  :mod:`~fovi_ref.check.bench.strategies` (``bench --strategies``: the routed ``general``'s
+  constants, each timed on both sides and held to a stored record), and
   :mod:`~fovi_ref.check.bench.budget` (the dense-``S`` budget of notebook 03).
 
 The measuring tools are re-exported here: ``from fovi_ref.check import bench``.
@@ -20,6 +22,7 @@ The jobs (``python -m fovi_ref bench --help`` lists every option and target)::
     python -m fovi_ref bench --network resnet18    # the whole trunk: routed, all-einsum, GEMM floor
     python -m fovi_ref bench --batch-scaling       # batch 1..16 per graph vs fovi's einsum
     python -m fovi_ref bench --fovi                # fovi 2.4.0's backends beside fovi_ref's
+    python -m fovi_ref bench --strategies          # each tuned constant timed on both sides
     python -m fovi_ref --device cuda bench --dtypes bfloat16 --batch 256
     python scripts/profile_layer.py layer4.0.conv1 --batch 1 16   # where one layer's time goes
     bash scripts/gpu_check.sh                      # on a CUDA machine: tests, verify, bench

@@ -42,6 +42,7 @@ __all__ = [
     "derive_budget",
     "disagreements",
     "fastest_times",
+    "faster_of",
     "forced_grad_input_path",
     "from_record",
     "noise_band",
@@ -129,15 +130,17 @@ def verdicts(points: list[PathTimes], band: float, smooth: bool = True) -> list[
     ratios = [p.ratio for p in points]
     if smooth:
         ratios = running_median(ratios)
-    out = []
-    for r in ratios:
-        if r < 1 / (1 + band):
-            out.append("dense")
-        elif r > 1 + band:
-            out.append("index")
-        else:
-            out.append("tie")
-    return out
+    return [faster_of(r, band) for r in ratios]
+
+
+def faster_of(ratio: float, band: float, names: tuple[str, str] = ("dense", "index")) -> str:
+    """Which side of a ratio ``a / b`` is faster beyond the noise ``band``: ``names[0]`` (``a``,
+    the ratio below ``1 / (1 + band)``), ``names[1]`` (``b``, above ``1 + band``) or ``"tie"``."""
+    if ratio < 1 / (1 + band):
+        return names[0]
+    if ratio > 1 + band:
+        return names[1]
+    return "tie"
 
 
 def derive_budget(points: list[PathTimes], band: float) -> int:
