@@ -330,10 +330,8 @@ def _job(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, str
     else:
         modes = [m for m in BENCH_MODES if getattr(args, m)]
         if len(modes) > 1:
-            p.error(
-                "bench takes one of --boundary, --fovi, --batch-scaling, --network, --hub, "
-                "--strategies"
-            )
+            flags = ", ".join(f"--{m.replace('_', '-')}" for m in BENCH_MODES)
+            p.error(f"bench takes one of {flags}")
         job = ("bench", modes[0] if modes else "layers")
     given = [k for k in DEFAULTS if getattr(args, k, None) is not None]
     unused = [FLAGS.get(k, f"--{k.replace('_', '-')}") for k in given if k not in JOBS[job]]
