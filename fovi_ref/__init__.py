@@ -71,14 +71,20 @@ threads differ in the last bits of float32 and float64 sums, ``gather_gemm`` inc
 ``F.linear`` (float32 and float16 operands cast to the autocast dtype, float64 left alone), in
 eager and compiled code alike; the backward may run outside the block.
 
-**float16 and bfloat16** accumulate as a GEMM of that dtype does: ``general`` bins the cells and
-runs its GEMM in float32 and rounds ``y`` once, so a cell sum past 65504 stays finite where
-``einsum_baseline`` (storing cell sums in float16 as fovi 2.4.0 does) gives inf; ``verify --fovi``
-reports it as a finding about fovi. One level up, ``general`` and ``einsum_baseline`` add a
-cell's inputs before the weight applies, so where that sum passes the largest value of the
-accumulation dtype ``y`` is inf or nan although ``F.linear`` would stay finite: the result is then
-non-finite, never a wrong finite number (``tests/test_adversarial.py``); ``gather_gemm`` is
-exempt.
+**float16 and bfloat16** sums are accumulated in float32, and the GEMMs run in the dtype
+:func:`fovi_ref.precision.gemm_dtype` names for the device: *wide* (float32 GEMMs; ``y`` and
+every gradient rounded once, at the end) where the hardware has no fast 16-bit GEMM, *narrow*
+(16-bit GEMMs accumulating in float32) where it has one (tensor cores, AVX512-BF16, AMX). Narrow
+stores each binned cell and ``grad_z = W^T grad_y`` once in 16 bits, as fovi's einsum stores its
+cells; nothing else is rounded before the result. The table is data, held to a measurement
+(``python -m fovi_ref bench --gemm-dtypes``), and the rule that judges both paths is
+:mod:`fovi_ref.check.tolerances`. A float16 cell sum past 65504 stays finite on both paths (a
+narrow call keeps such cells in float32) where ``einsum_baseline`` (storing cell sums in float16
+as fovi 2.4.0 does) gives inf; ``verify --fovi`` reports it as a finding about fovi. One level
+up, ``general`` and ``einsum_baseline`` add a cell's inputs before the weight applies, so where
+that sum passes the largest value of the accumulation dtype ``y`` is inf or nan although
+``F.linear`` would stay finite: the result is then non-finite, never a wrong finite number
+(``tests/test_adversarial.py``); ``gather_gemm`` is exempt.
 
 **State.** A ``KNNConv`` keeps its graph (``knn``, ``rf_index``) as persistent buffers and what
 its backend derives as non-persistent buffers, so ``.to()``, ``copy.deepcopy``, ``pickle``,

@@ -30,6 +30,11 @@ runs of ``Nout`` values, and both gradients read that copy; in eager mode the we
 reads the rows the forward gathered (:meth:`GatherGemmOps.forward_with_operand`). **Derived
 data** (:func:`derive`, kept on the meta): the gather index, the padding nodes, and ``S`` (float32)
 for every graph small enough for any device's budget.
+
+**16 bits.** The GEMMs run in :func:`fovi_ref.precision.gemm_dtype`. Gathering copies values
+exactly, so *wide* (float32 GEMMs) rounds ``y`` and every gradient once, at the end, and *narrow*
+(16-bit GEMMs, accumulating in float32) stores one intermediate, ``weight^T @ grad_y``, before
+the scatter sums it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ import torch
 
 from fovi_ref.layout import linear_rows, y_from_rows
 from fovi_ref.meta import Derived, KNNMeta
+from fovi_ref.precision import gemm_dtype
+from fovi_ref.segment_sum import accumulation_dtype
 
 __all__ = ["DENSE_S_BUDGET", "GatherGemmOps", "derive", "gather_gemm_applies", "uses_dense_scatter"]
 
@@ -135,9 +142,11 @@ class GatherGemmOps:
         """``(y, x_rows)``: the forward and the gathered rows ``[B*Nout, Cin]`` its GEMM read,
         kept for the weight gradient instead of ``x`` (smaller, and no second gather)."""
         x_rows = _gathered_rows(meta.derived(NAME, derive), x)  # [B*Nout, Cin]
-        # One GEMM whose rows are the (b, n) pairs: its result is the storage of fovi's layout.
-        y = y_from_rows(linear_rows(x_rows, weight, bias), x.shape[0], meta.n_out)
-        return y, x_rows
+        acc = gemm_dtype(x.device, x.dtype)
+        # One GEMM whose rows are the (b, n) pairs: its result is the storage of fovi's layout
+        # (rounded once to x's dtype where the GEMM ran wide).
+        y_rows = linear_rows(x_rows.to(acc), weight, bias).to(x.dtype)  # [B*Nout, Cout]
+        return y_from_rows(y_rows, x.shape[0], meta.n_out), x_rows
 
     @staticmethod
     def grad_input(meta: KNNMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -145,18 +154,25 @@ class GatherGemmOps:
         data = meta.derived(NAME, derive)
         batch = grad_y.shape[0]
         c_in = weight.shape[1]
+        acc = gemm_dtype(grad_y.device, grad_y.dtype)
         # d[b] = W^T @ grad_y[b] as ONE GEMM over the (b, n) rows, whose result rows are whole
         # runs of Cin values (the scatter below moves them as such).
-        d_rows = (_grad_y_columns(grad_y).t() @ weight).view(batch, meta.n_out, c_in)
+        d_rows = _grad_y_columns(grad_y).t().to(acc) @ weight.to(acc)  # [B*Nout, Cin]
+        d_rows = d_rows.view(batch, meta.n_out, c_in)
         if data["padding"].numel():
             d_rows.index_fill_(1, data["padding"], 0)  # padding receives nothing
         d_sel = d_rows.transpose(1, 2)  # [B, Cin, Nout], a view of d_rows [B, Nout, Cin]
         if uses_dense_scatter(meta, grad_y.device) and data["scatter"].numel():
-            s = data["scatter"].to(grad_y.dtype)  # [Nout, Nin]; no copy in float32
-            return (d_sel.reshape(batch * c_in, meta.n_out) @ s).view(batch, c_in, meta.n_in)
-        # The scatter reads the view: folding it first would copy every value once more.
-        grad_x = d_rows.new_zeros(batch, c_in, meta.n_in)  # [B, Cin, Nin]
-        return grad_x.index_add_(2, data["index"], d_sel)  # collisions add up
+            s = data["scatter"].to(acc)  # [Nout, Nin]; no copy in float32
+            grad_x = d_sel.reshape(batch * c_in, meta.n_out) @ s  # [B*Cin, Nin]
+            return grad_x.view(batch, c_in, meta.n_in).to(grad_y.dtype)
+        # The scatter reads the view: folding it first would copy every value once more. It adds
+        # in float32 (a narrow 16-bit d_sel is widened: index_add_ takes one dtype), so
+        # collisions are rounded once, at the end.
+        acc_sum = accumulation_dtype(acc)
+        grad_x = d_rows.new_zeros(batch, c_in, meta.n_in, dtype=acc_sum)  # [B, Cin, Nin]
+        grad_x.index_add_(2, data["index"], d_sel.to(acc_sum))  # collisions add up
+        return grad_x.to(grad_y.dtype)
 
     @staticmethod
     def grad_weight(meta: KNNMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -171,4 +187,6 @@ class GatherGemmOps:
         """``grad_y [B, Cout, Nout]``, the gathered ``x_rows [B*Nout, Cin]`` -> ``[Cout, Cin]``."""
         # One GEMM over batch and nodes, [Cout, B*Nout] @ [B*Nout, Cin]: in this orientation MKL
         # does not split the sum between threads (tests/test_ordinary_use.py).
-        return _grad_y_columns(grad_y) @ x_rows  # [Cout, Cin]
+        acc = gemm_dtype(grad_y.device, grad_y.dtype)
+        grad_weight = _grad_y_columns(grad_y).to(acc) @ x_rows.to(acc)  # [Cout, Cin]
+        return grad_weight.to(grad_y.dtype)

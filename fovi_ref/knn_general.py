@@ -33,8 +33,14 @@ and receive nothing. The forward keeps ``z`` for ``grad_weight`` (as large as wh
 
 **Rows.** ``x`` and ``z`` are handled as *channel rows*, one row per (channel, node) holding its
 ``B`` values, so that every gather and scatter moves whole rows rather than single values; one
-transposing copy brings ``x`` in and one takes ``grad_x`` out. 16-bit values are summed and
-multiplied in float32 (:func:`fovi_ref.segment_sum.accumulation_dtype`) and rounded once.
+transposing copy brings ``x`` in and one takes ``grad_x`` out.
+
+**16 bits.** The binning sums 16-bit values in float32
+(:func:`fovi_ref.segment_sum.accumulation_dtype`); the GEMMs run in
+:func:`fovi_ref.precision.gemm_dtype`. *Wide* (float32 GEMMs): nothing is stored in 16 bits
+before ``y`` and the gradients, which are rounded once. *Narrow* (16-bit GEMMs, accumulating in
+float32): ``z`` and ``grad_z`` are each stored once in 16 bits first
+(:func:`fovi_ref.precision.store_operand`). The unbinning sums in float32 either way.
 
 Notebook ``06_general_backend.ipynb`` derives these steps and checks them numerically.
 """
@@ -45,6 +51,7 @@ import torch
 
 from fovi_ref.layout import fovi_layout_empty, linear_rows
 from fovi_ref.meta import Derived, KNNMeta
+from fovi_ref.precision import gemm_dtype, store_operand
 from fovi_ref.segment_sum import (
     SegmentSumPlan,
     accumulation_dtype,
@@ -97,7 +104,8 @@ def derive(meta: KNNMeta) -> Derived:
 
 
 def bin_neighbours(meta: KNNMeta, data: Derived, x: torch.Tensor) -> torch.Tensor:
-    """Step 1: ``x [B, Cin, Nin] -> z [Cin*V, Nout*B]`` (float32 for 16-bit ``x``)."""
+    """Step 1: ``x [B, Cin, Nin] -> z [Cin*V, Nout*B]`` (summed and returned in float32 for 16-bit
+    ``x``)."""
     batch = x.shape[0]
     # One copy to channel rows [Cin, Nin, B]; widened here, so 16-bit sums cannot overflow.
     x_rows = x.new_empty(meta.in_channels, meta.n_in, batch, dtype=accumulation_dtype(x.dtype))
@@ -109,8 +117,8 @@ def bin_neighbours(meta: KNNMeta, data: Derived, x: torch.Tensor) -> torch.Tenso
 
 def operand(meta: KNNMeta, data: Derived, x: torch.Tensor) -> torch.Tensor:
     """``z_rows [Nout*B, Cin*V]``, rows ``(n, b)``: the binned cells as the GEMM reads them (a
-    transposed view of :func:`bin_neighbours`)."""
-    return bin_neighbours(meta, data, x).t()
+    transposed view of :func:`bin_neighbours`, stored in the GEMM's dtype)."""
+    return store_operand(bin_neighbours(meta, data, x), x.dtype).t()
 
 
 def grad_y_columns(grad_y: torch.Tensor) -> torch.Tensor:
@@ -140,13 +148,17 @@ def linear_to_fovi(
     return y
 
 
-def unbin(meta: KNNMeta, data: Derived, grad_z: torch.Tensor, batch: int) -> torch.Tensor:
-    """The backward of step 1: ``grad_z [Cin*V, Nout*B] -> grad_x [B, Cin, Nin]``, the binning's
-    sum with source and destination swapped. Padding neighbours receive nothing."""
+def unbin(
+    meta: KNNMeta, data: Derived, grad_z: torch.Tensor, batch: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The backward of step 1: ``grad_z [Cin*V, Nout*B] -> grad_x [B, Cin, Nin]`` in ``dtype``,
+    the binning's sum with source and destination swapped. Padding neighbours receive nothing."""
     grad_z_rows = grad_z.view(meta.in_channels * meta.v * meta.n_out, batch)  # [Cin*V*Nout, B]
     grad_x_rows = segment_sum(grad_z_rows, SegmentSumPlan.from_derived(data, "unbin"))
-    # [Cin*Nin, B] -> [B, Cin, Nin]: a 2-D transpose, which ATen copies in cache-sized blocks.
-    return grad_x_rows.t().contiguous().view(batch, meta.in_channels, meta.n_in)
+    # [Cin*Nin, B] -> [B, Cin, Nin]: a 2-D transpose, which ATen copies in cache-sized blocks,
+    # rounding a float32 sum of 16-bit values once.
+    grad_x = grad_x_rows.new_empty(batch, meta.in_channels * meta.n_in, dtype=dtype)
+    return grad_x.copy_(grad_x_rows.t()).view(batch, meta.in_channels, meta.n_in)
 
 
 def forward_with_operand(
@@ -161,17 +173,18 @@ def forward_with_operand(
 def grad_input(
     meta: KNNMeta, data: Derived, grad_y: torch.Tensor, weight: torch.Tensor
 ) -> torch.Tensor:
-    """``grad_y [B, Cout, Nout] -> grad_x [B, Cin, Nin]``: ``grad_z = weight^T @ grad_y``, then
-    :func:`unbin`."""
-    grad_z = weight.t() @ grad_y_columns(grad_y)  # [Cin*V, Nout*B]
-    return unbin(meta, data, grad_z, grad_y.shape[0])
+    """``grad_y [B, Cout, Nout] -> grad_x [B, Cin, Nin]``: ``grad_z = weight^T @ grad_y`` (in the
+    GEMM's dtype), then :func:`unbin`."""
+    acc = gemm_dtype(grad_y.device, grad_y.dtype)
+    grad_z = weight.t().to(acc) @ grad_y_columns(grad_y).to(acc)  # [Cin*V, Nout*B]
+    return unbin(meta, data, grad_z, grad_y.shape[0], grad_y.dtype)
 
 
 def grad_weight_of_operand(
     meta: KNNMeta, data: Derived, grad_y: torch.Tensor, z_rows: torch.Tensor
 ) -> torch.Tensor:
     """``grad_weight [Cout, Cin*V] = grad_y @ z^T``, ONE GEMM over the ``Nout*B`` columns, from
-    the ``z_rows [Nout*B, Cin*V]`` the forward kept (float32 for 16-bit inputs)."""
+    the ``z_rows [Nout*B, Cin*V]`` the forward kept (in the GEMM's dtype)."""
     grad_y_cols = grad_y_columns(grad_y).to(z_rows.dtype)  # [Cout, Nout*B]
     return (grad_y_cols @ z_rows).to(grad_y.dtype)
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+import fovi_ref.knn_general as textbook
 from fovi_ref import KNNMeta, get_ops, register_ops, unregister_ops
 from fovi_ref.check.check_ops import CHECKS, DEFAULT, check_ops
 
@@ -110,6 +111,29 @@ HUB_READERS = 16  # fovi_ref's HUB: inputs read more often are hubs
 MANY_READERS = 150  # where the 16-bit bound went vacuous before
 
 
+LOW = (torch.float16, torch.bfloat16)
+
+
+def cells_summed_in_dtype(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
+    """The textbook's binned cells ``z_rows [Nout*B, Cin*V]``, but each cell adds its neighbours
+    one at a time in ``x``'s dtype, one rounding per added neighbour (slot ``k`` alone puts at
+    most one neighbour in a cell, so its binning is an exact copy)."""
+    z = None
+    for k in range(meta.k):
+        slot = only_slot(meta, k)
+        data = slot.derived(textbook.NAME, textbook.derive)
+        z_k = textbook.bin_neighbours(slot, data, x).to(x.dtype)  # [Cin*V, Nout*B], exact
+        z = z_k if z is None else z + z_k  # rounded in x's dtype
+    return z.t()
+
+
+def forward_with_cells_summed_in_dtype(meta, x, weight, bias):
+    """``(y, z_rows)`` of the textbook's forward on :func:`cells_summed_in_dtype` (its GEMM in
+    float32, so that the cell sums are the one bug)."""
+    z_rows = cells_summed_in_dtype(meta, x).float()
+    return textbook.linear_to_fovi(meta, z_rows, weight, bias, x), z_rows
+
+
 class Mutant:
     """A backend with one planted bug; ``applied`` says whether any call was changed by it."""
 
@@ -123,6 +147,18 @@ class Mutant:
         if kind in ("plain_forward_wrong", "grad_weight_from_x_wrong"):  # the pair right
             self.forward_with_operand = inner.forward_with_operand
             self.grad_weight_of_operand = inner.grad_weight_of_operand
+        if kind == "cells_summed_in_dtype":  # the pair wrong too, with the cells it kept
+            self.forward_with_operand = self._forward_with_operand
+            self.grad_weight_of_operand = self._grad_weight_of_operand
+
+    def _forward_with_operand(self, meta, x, weight, bias):
+        if x.dtype in LOW and meta.k > 1:
+            self.applied = True
+            return forward_with_cells_summed_in_dtype(meta, x, weight, bias)
+        return textbook.GeneralTextbookOps.forward_with_operand(meta, x, weight, bias)
+
+    def _grad_weight_of_operand(self, meta, grad_y, z_rows):
+        return textbook.GeneralTextbookOps.grad_weight_of_operand(meta, grad_y, z_rows)
 
     def _doctored(self, meta: KNNMeta, how: Callable[[KNNMeta], KNNMeta | None]) -> KNNMeta:
         """``how(meta)`` (cached; the entry holds ``meta`` so its id is not reused), or
@@ -149,6 +185,10 @@ class Mutant:
         return meta if how is None else self._doctored(meta, how)
 
     def forward(self, meta, x, weight, bias):
+        if self.kind == "cells_summed_in_dtype" and x.dtype in LOW and meta.k > 1:
+            self.applied = True
+            y, _ = forward_with_cells_summed_in_dtype(meta, x, weight, bias)
+            return y
         if self.kind == "noncontiguous_x" and not x.is_contiguous():
             self.applied = True  # reads x's storage as if it were [B, Cin, Nin] contiguous
             x = x.transpose(1, 2).contiguous().view(x.shape)
@@ -219,6 +259,11 @@ class Mutant:
         return grad_x
 
     def grad_weight(self, meta, grad_y, x):
+        if self.kind == "cells_summed_in_dtype" and x.dtype in LOW and meta.k > 1:
+            self.applied = True
+            z_rows = cells_summed_in_dtype(meta, x).float()  # [Nout*B, Cin*V]
+            data = meta.derived(textbook.NAME, textbook.derive)
+            return textbook.grad_weight_of_operand(meta, data, grad_y, z_rows)
         grad_w = self.inner.grad_weight(self._graph(meta), grad_y, x)
         off = {
             "grad_weight_off_past_batch_64": x.shape[0] > 64,
@@ -256,6 +301,7 @@ MUTATIONS = {
     "off_past_16_cells": "y off by 1% where V > 16",
     "grad_weight_off_past_batch_64": "grad_weight off by 1% past batch 64",
     "grad_weight_from_x_wrong": "grad_weight from x off by 1% (the operand pair right)",
+    "cells_summed_in_dtype": "16-bit cells summed in their dtype, a rounding per neighbour",
 }
 
 

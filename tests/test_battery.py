@@ -51,6 +51,7 @@ CAUGHT_BY = {
     "off_past_16_cells": ("v_17", F64, "oracle"),
     "grad_weight_off_past_batch_64": ("batch_65", F64, "oracle"),
     "grad_weight_from_x_wrong": ("base", F64, "doors"),
+    "cells_summed_in_dtype": ("nout_33", BF16, "rounding"),
 }
 
 
@@ -180,7 +181,8 @@ def test_the_seed_of_a_graph_comes_from_its_name():
 
 
 def test_every_check_has_a_row_for_general():
-    report = check_ops("general", graphs=["base"], dtypes=[F64])
+    # base holds every calling convention; nout_33 a cell of three neighbours (rounding)
+    report = check_ops("general", graphs=["base", "nout_33"], dtypes=[F64, BF16])
     assert report.ok, report.table(report.failures)
     assert {r.check for r in report.rows} == set(CHECKS)
     doors = {r.note for r in report.rows if r.check == "doors"}

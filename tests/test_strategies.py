@@ -122,7 +122,7 @@ def test_channel_blocked_input_gradient_matches_oracle(k, v, in_channels, device
     blocked = random_meta(k, v, in_channels=in_channels, seed=7, device=device)  # new derive
     assert channel_blocks.block_channels(blocked) == 1
     data = derive(blocked)
-    choice = choose_strategy(blocked, data, x.shape[0], x.device, x.element_size())
+    choice = choose_strategy(blocked, data, x.shape[0], x.device, x.dtype)
     assert choice.strategy == "channel_blocks" or device != "cpu"
     got = forward_and_grads(x, w, b, blocked, grad_y, "general")
     expected = expected_quantities(x, w, b, meta, grad_y)

@@ -29,7 +29,8 @@ def test_fovi_ref_backends_pass(reports, name):
     report = reports[name]
     assert report.ok, report.table(report.failures)
     checks = {r.check for r in report.rows}
-    assert set(CHECKS) <= checks  # every check ran at least once
+    # every check ran at least once; rounding needs a cell of three neighbours, which K = 1 lacks
+    assert set(CHECKS) - ({"rounding"} if name == "gather_gemm" else set()) <= checks
     assert {r.dtype for r in report.rows} >= {"float64", "float32", "float16", "bfloat16"}
 
 

@@ -36,6 +36,11 @@ oracle         ``y`` and the gradients agree with the float64 oracle by the elem
 doors          the same for the plain forward and for the custom op and its backward
 cancellation   the same, with a bias that cancels ``W x`` and upstream gradients that
                cancel in pairs: the rule must hold where the results are tiny
+rounding       (float16 and bfloat16) cells whose partial sums dwarf their sum: in each
+               channel one cell of three or more neighbours adds ``+A``, small values,
+               then ``-A`` (``A = 2/u``), and a one-hot weight hands that cell alone to
+               an output: summing a cell in the working dtype loses the small values,
+               which the rule's one store of ``z`` (relative to ``|z|``) does not allow
 padding        inputs that no real neighbour reads hold inf (and the upstream gradient is
                large at all-padding nodes): the oracle still holds, all-padding outputs
                are exactly the bias (or 0), unread inputs get exactly zero gradient
@@ -102,6 +107,7 @@ from fovi_ref.check.graphs import (
 from fovi_ref.check.operands import forward_and_grads, sample_operands
 from fovi_ref.check.protocol import policed
 from fovi_ref.check.tolerances import (
+    UNIT_ROUNDOFF,
     BiasRounding,
     Expected,
     Verdict,
@@ -129,6 +135,7 @@ CHECKS = (
     "oracle",
     "doors",
     "cancellation",
+    "rounding",
     "padding",
     "nonfinite",
     "variants",
@@ -463,6 +470,39 @@ def _cancelling(case: _Case, x, w, b, gy) -> list[torch.Tensor]:
     return [x, w, b, gy.to(case.dtype)]
 
 
+def _big_partial_sums(case: _Case, x, w, b, gy) -> list[torch.Tensor] | None:
+    """Operands under which a cell summed in the working dtype shows (check ``rounding``), or
+    ``None`` for a dtype that accumulates in itself or a graph without a cell of three or more
+    distinct inputs. Channel ``c`` takes the target cell ``c mod T``: its first input holds
+    ``+A``, its last ``-A`` and every other input a small value ``s`` in ``[1/2, 1)``, with
+    ``A = 2/u``, so that ``A + s`` rounds ``s`` away in the working dtype while float32 keeps it.
+    Output ``o`` reads channel ``o mod Cin``'s target cell alone (a one-hot weight row), no
+    bias."""
+    if case.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    meta = case.graph.meta
+    targets = []  # (v, n, first input, last input) of cells with 3+ distinct inputs
+    for n in range(meta.n_out):
+        real = ~meta.pad_mask[:, n]  # [K]
+        for v in meta.rf_index[n][real].unique().tolist():
+            inputs = meta.knn[:, n][real & (meta.rf_index[n] == v)].tolist()  # in k order
+            if len(inputs) >= 3 and len(set(inputs)) == len(inputs):
+                targets.append((v, n, inputs[0], inputs[-1]))
+    if not targets:
+        return None
+    big = 2 / UNIT_ROUNDOFF[case.dtype]
+    g = torch.Generator().manual_seed(case.seed + 2)
+    x = 0.5 + 0.5 * torch.rand(x.shape, generator=g, dtype=torch.float64)  # [B, Cin, Nin]
+    w = torch.zeros(w.shape, dtype=torch.float64)  # [Cout, Cin*V]
+    for c in range(meta.in_channels):
+        v, _, first, last = targets[c % len(targets)]
+        x[:, c, first] = big
+        x[:, c, last] = -big
+        w[c :: meta.in_channels, c * meta.v + v] = 1.0  # outputs o = c mod Cin read the cell
+    b = None if b is None else torch.zeros_like(b)
+    return [t.to(case.device, case.dtype) for t in (x, w)] + [b, gy]
+
+
 def _judge(case, check, got, expected, baseline=None, note="") -> list[ReportRow]:
     rows = []
     for quantity in JUDGED:
@@ -788,6 +828,9 @@ def _run_checks(ops, door: str, case: _Case, checks: Sequence[str]) -> list[Repo
     if "cancellation" in checks:
         cancelling = _cancelling(case, *operands)
         rows += _check_oracle(ops, case, cancelling, "cancellation", name=ops.name)[0]
+    big_partials = _big_partial_sums(case, *operands) if "rounding" in checks else None
+    if big_partials is not None:
+        rows += _check_oracle(ops, case, big_partials, "rounding", name=ops.name)[0]
     if "padding" in checks:
         rows += _check_padding(ops, case, operands)
     if "nonfinite" in checks:

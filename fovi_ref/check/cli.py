@@ -24,7 +24,17 @@ import torch
 
 from fovi_ref import DTYPES, dtype_name
 from fovi_ref.check import check_command, verify
-from fovi_ref.check.bench import boundary, fovi, hub, layers, network, scaling, strategies, targets
+from fovi_ref.check.bench import (
+    boundary,
+    fovi,
+    gemm_dtypes,
+    hub,
+    layers,
+    network,
+    scaling,
+    strategies,
+    targets,
+)
 from fovi_ref.check.fovi import verify as fovi_verify
 from fovi_ref.check.jobs import LOW_AND_SINGLE, layer_names
 
@@ -167,8 +177,9 @@ JOBS = {
     ("bench", "network"): ("device", "dtype", "repeats"),
     ("bench", "hub"): ("device", "dtype", "repeats"),
     ("bench", "strategies"): ("out", "repeats"),
+    ("bench", "gemm_dtypes"): ("out", "device"),
 }
-BENCH_MODES = ("boundary", "fovi", "batch_scaling", "network", "hub", "strategies")
+BENCH_MODES = ("boundary", "fovi", "batch_scaling", "network", "hub", "strategies", "gemm_dtypes")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -296,6 +307,13 @@ def parser() -> argparse.ArgumentParser:
         f"rounds, default {strategies.ROUNDS}); says whether each constant agrees; writes "
         "OUT/bench_strategies.json",
     )
+    b.add_argument(
+        "--gemm-dtypes",
+        action="store_true",
+        help="instead: a 16-bit GEMM against a float32 one on four res18 layers' forward GEMM, "
+        "per 16-bit dtype, and the choice fovi_ref.precision.GEMM_DTYPES should hold for this "
+        "machine (narrow: 16-bit GEMMs; wide: float32); writes OUT/gemm_record.json",
+    )
     check_command.add_parser(sub, _HelpFormatter)
     for sp in (v, b):
         sp.add_argument(
@@ -389,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             hub.run(repeats=args.repeats, device=args.device, dtype=DTYPES[dtype])
     elif job == ("bench", "strategies"):
         strategies.run(out=args.out, rounds=rounds_given or strategies.ROUNDS)
+    elif job == ("bench", "gemm_dtypes"):
+        gemm_dtypes.run(out=args.out, device=args.device)
     elif job == ("bench", "network"):
         for dtype in args.dtype:
             network.run(device=args.device, dtype=DTYPES[dtype], repeats=args.repeats)

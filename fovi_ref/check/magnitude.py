@@ -20,6 +20,7 @@ from fovi_ref.reference import AllPadding, knn_conv_reference
 
 __all__ = [
     "Quantities",
+    "binned_cells",
     "knn_conv_magnitude",
     "knn_conv_term_counts",
     "oracle_quantities",
@@ -141,3 +142,21 @@ def shared_cell_meta(meta: KNNMeta) -> KNNMeta:
     return KNNMeta.from_knn(
         knn, meta.rf_index, n_in=meta.n_in, in_channels=meta.in_channels, v=meta.v
     )
+
+
+def binned_cells(x: torch.Tensor, meta: KNNMeta) -> torch.Tensor:
+    """The binned cell features in float64, straight from their definition::
+
+        z[b, c, v, n] = sum_{k : rf_index[n, k] = v, knn[k, n] real} x[b, c, knn[k, n]]
+
+    ``x [B, Cin, Nin] -> z [B, Cin, V, Nout]`` (padding adds nothing). What a two-step
+    implementation stores before its GEMM; :mod:`fovi_ref.check.tolerances` allows one rounding
+    of each, relative to ``|z|``."""
+    batch, c_in = x.shape[0], meta.in_channels
+    x_pad = torch.cat([x.double(), x.new_zeros(batch, c_in, 1, dtype=torch.float64)], dim=2)
+    z = x_pad.new_zeros(batch, c_in, meta.v, meta.n_out)  # [B, Cin, V, Nout]
+    for k in range(meta.k):
+        terms = x_pad[:, :, meta.knn[k]]  # [B, Cin, Nout], zero for padding
+        cell = meta.rf_index[:, k].expand(batch, c_in, 1, -1)  # [B, Cin, 1, Nout]
+        z.scatter_add_(2, cell, terms[:, :, None, :])
+    return z

@@ -57,10 +57,18 @@ kinds of error:
 
     - ``y`` and ``grad_weight``: the binned cell features
       ``z[b, c, v, n] = sum_{k in cell v} x[b, c, knn[k, n]]`` (fovi's one-hot einsum stores them,
-      so does ``general``). A neighbour alone in its cell is copied exactly, so only the terms of
-      neighbours that share their cell with another real neighbour meet this rounding:
-      ``M_s`` = magnitude over those terms (:func:`~fovi_ref.check.magnitude.shared_cell_meta`),
-      ``h = 1`` store;
+      so does a narrow ``general``, :mod:`fovi_ref.precision`), each stored **once**, after its
+      sum was accumulated in float32. That store is off by at most ``u |z|``, relative to the
+      cell's own value (its float32 error is already in (a)), and reaches ``y`` multiplied by
+      ``|w|`` and ``grad_weight`` by ``|grad_y|``. A neighbour alone in its cell is copied
+      exactly, so only cells holding two or more real neighbours count
+      (:func:`~fovi_ref.check.magnitude.shared_cell_meta`):
+      ``M_s = sum_{c, v shared} |w[o, c*V+v]| |z[b, c, v, n]|`` for ``y`` and
+      ``sum_{b, n} |grad_y[b, o, n]| |z[b, c, v, n]|`` for ``grad_weight``
+      (:func:`~fovi_ref.check.magnitude.binned_cells`), ``h = 1`` store. A cell summed in the
+      working dtype, one rounding per added neighbour, is off relative to its *partial* sums,
+      which may be far larger than ``z`` (``A + s - A``): that is not allowed, and check_ops'
+      ``rounding`` check builds such cells;
     - ``grad_x``: ``grad_z = W^T grad_y`` per (channel, cell, node) is stored before it is scattered
       onto the inputs (by every backend here). The scatter itself may add in the storage dtype:
       CUDA's ``index_add_``/``scatter_add_`` on float16/bfloat16 add atomically, one rounding per
@@ -103,6 +111,18 @@ Adding (a)-(e), with the cross terms of small factors kept so the bound is rigor
 
     bound = u |ref| + eta (1 + P)
             + (1 + u) [gamma_h(u) M_s + (1 + gamma_h(u)) gamma_N(u32) M + N eta32]
+
+**What fovi_ref's own 16-bit paths use of it** (:mod:`fovi_ref.precision`). *Wide* (float32
+GEMMs) stores nothing before the result: its error is (a) and (b) alone,
+``u |ref| + gamma_N(u32) M``, one rounding of a float32 sum. *Narrow* (16-bit GEMMs accumulating
+in float32) stores each shared cell ``z`` once and ``grad_z`` once: for ``y``, in one line,
+
+    |y - ref| <= u |ref| + (1 + u) [u sum_{c, v shared} |w| |z| + (1 + u) gamma_N(u32) M + N eta32]
+
+(+ the oracle's term below), and the same with ``|grad_y| |z|`` for ``grad_weight`` and with
+``h = 1`` for ``grad_x``. The price of narrow is the middle term: at most one unit roundoff of
+every stored cell, never of a partial sum, which ``check_ops``' ``rounding`` check builds cells
+to expose. Both paths are judged by the same rule, which allows at least what each needs.
 
 **The oracle rounds too.** ``ref`` is itself a float64 sum of the same ``N`` terms, off from the
 exact sum by at most ``gamma_N(u64) * M + N * eta64`` (step 1 in float64), so every bound above
@@ -162,6 +182,7 @@ import torch
 
 from fovi_ref import KNNMeta, dtype_name
 from fovi_ref.check.magnitude import (
+    binned_cells,
     knn_conv_magnitude,
     knn_conv_term_counts,
     oracle_quantities,
@@ -270,9 +291,11 @@ def expected_quantities(
     shared_meta = shared_cell_meta(meta)
     if bool(shared_meta.pad_mask.all()):  # no cell holds two neighbours: nothing is binned
         shared_y = shared_w = torch.zeros((), dtype=torch.float64, device=x.device)
-    else:  # only the binned features of cells holding two or more neighbours are rounded
-        shared = knn_conv_magnitude(x, weight, None, shared_meta, grad_y)
-        shared_y, shared_w = shared.y, shared.grad_weight
+    else:  # only the binned features of cells holding two or more neighbours are rounded,
+        # each relative to its own value |z|: sum_{c,v} |w| |z| and sum_{b,n} |grad_y| |z|
+        z_abs = binned_cells(x.detach(), shared_meta).flatten(1, 2).abs()  # [B, Cin*V, Nout]
+        shared_y = torch.einsum("oj,bjn->bon", weight.detach().double().abs(), z_abs)
+        shared_w = torch.einsum("bon,bjn->oj", grad_y.detach().double().abs(), z_abs)
     real = meta.knn[~meta.pad_mask]  # [E] inputs read by real neighbours
     fan_out = torch.bincount(real, minlength=meta.n_in).to(torch.float64)  # [Nin] F(i)
     fan_out = fan_out[None, None, :]  # [1, 1, Nin]

@@ -11,11 +11,13 @@ strategy            what changes                                       when (in 
                     ``Nout*B`` (:mod:`~fovi_ref.strategies.few_columns`) ``Nout*B`` (layer4)
 ``channel_blocks``  the input gradient a block of channels at a time   a CPU and a large
                     (:mod:`~fovi_ref.strategies.channel_blocks`)        ``grad_z``
-``occupied_cells``  one GEMM per cell over the occupied (node, cell)   most cells empty and a
-                    pairs (:mod:`~fovi_ref.strategies.occupied_cells`)  batch that pays
+``occupied_cells``  one GEMM per cell over the occupied (node, cell)   most cells empty, a
+                    pairs (:mod:`~fovi_ref.strategies.occupied_cells`)  batch that pays, and
+                                                                       GEMMs run wide
 ==================  =================================================  =======================
 
-The choice is a pure function of the graph, the batch and the device, and so is the result:
+The choice is a pure function of the graph, the batch, the dtype and the device, and so is the
+result:
 the same call always runs the same sums in the same order. Each strategy is held to the
 textbook by ``tests/test_strategies.py``: bit for bit where its sums run in the same order (node
 rows, channel blocks, few columns: their segment sums), by the elementwise error rule (every
@@ -36,6 +38,7 @@ import torch
 
 import fovi_ref.knn_general as textbook
 from fovi_ref.meta import Derived, KNNMeta
+from fovi_ref.precision import gemm_dtype
 from fovi_ref.strategies import channel_blocks, few_columns, node_rows, occupied_cells
 
 __all__ = [
@@ -71,12 +74,18 @@ class Choice:
 
 
 def choose_strategy(
-    meta: KNNMeta, data: Derived, batch: int, device: torch.device, element_size: int = 4
+    meta: KNNMeta,
+    data: Derived,
+    batch: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
 ) -> Choice:
-    """THE choice: the strategy ``batch`` samples of ``element_size`` bytes over ``meta`` get on
-    ``device``. ``data`` is the graph's derived data (:func:`derive`), for the pair count."""
+    """THE choice: the strategy ``batch`` samples of ``dtype`` over ``meta`` get on ``device``.
+    ``data`` is the graph's derived data (:func:`derive`), for the pair count."""
     pairs = occupied_cells.pair_count(data)
-    if occupied_cells.applies(meta, data, batch):
+    acc = gemm_dtype(device, dtype)  # the GEMMs' dtype: grad_z's, and narrow or wide
+    wide = acc.itemsize >= 4
+    if wide and occupied_cells.applies(meta, data, batch):
         est = occupied_cells.estimate(meta, pairs, batch)
         why = f"estimate {est:.2f} <= CELLS_AT_MOST {occupied_cells.CELLS_AT_MOST}"
         return Choice("occupied_cells", why)
@@ -85,8 +94,8 @@ def choose_strategy(
     if few_columns.applies(meta.n_out, batch):
         columns = meta.n_out * batch
         return Choice("few_columns", f"Nout*B {columns} <= FEW_COLUMNS {few_columns.FEW_COLUMNS}")
-    if channel_blocks.applies(meta, batch, device, element_size):
-        mib = meta.in_channels * meta.v * meta.n_out * batch * element_size / 2**20
+    if channel_blocks.applies(meta, batch, device, acc.itemsize):
+        mib = meta.in_channels * meta.v * meta.n_out * batch * acc.itemsize / 2**20
         return Choice("channel_blocks", f"grad_z {mib:.1f} MiB > WHOLE_BYTES on a CPU")
     return Choice("textbook", "no strategy applies")
 
@@ -97,8 +106,7 @@ def strategy_for(
     """:func:`choose_strategy` for a graph alone (its data derived if new): what the routed
     backend runs for ``batch`` samples of ``dtype`` on ``device``."""
     data = meta.derived(NAME, derive)
-    element_size = torch.empty(0, dtype=dtype).element_size()
-    return choose_strategy(meta, data, batch, torch.device(device), element_size)
+    return choose_strategy(meta, data, batch, torch.device(device), dtype)
 
 
 def derive(meta: KNNMeta) -> Derived:
@@ -126,7 +134,7 @@ class GeneralOps:
         data = meta.derived(cls.name, cls.derive)
         if cls.forced is not None:
             return STRATEGIES[cls.forced], data
-        choice = choose_strategy(meta, data, like.shape[0], like.device, like.element_size())
+        choice = choose_strategy(meta, data, like.shape[0], like.device, like.dtype)
         return STRATEGIES[choice.strategy], data
 
     @classmethod

@@ -33,6 +33,7 @@ from fovi_ref.knn_general import (
     operand,
 )
 from fovi_ref.meta import Derived, KNNMeta
+from fovi_ref.precision import gemm_dtype
 from fovi_ref.segment_sum import SegmentSumPlan, build_segment_sum_plan, segment_sum
 
 __all__ = [
@@ -101,8 +102,11 @@ def grad_input(
     v = meta.v
     n_in = meta.n_in
     cb = block_channels(meta)
-    grad_y_cols = grad_y_columns(grad_y)  # [Cout, Nout*B]
-    grad_x_rows = grad_y.new_empty(meta.in_channels * n_in, batch, dtype=weight.dtype)
+    acc = gemm_dtype(grad_y.device, grad_y.dtype)
+    grad_y_cols = grad_y_columns(grad_y).to(acc)  # [Cout, Nout*B]
+    weight = weight.to(acc)
+    # The sums of each block are rounded to grad_y's dtype as they are written here, once.
+    grad_x_rows = grad_y.new_empty(meta.in_channels * n_in, batch)
     for c in range(0, meta.in_channels, cb):  # the block of channels c .. end - 1
         end = min(c + cb, meta.in_channels)
         prefix = "block_unbin" if end - c == cb else "block_rest_unbin"

@@ -23,6 +23,7 @@ import torch
 from fovi_ref.knn_general import bin_entries
 from fovi_ref.layout import linear_rows, y_from_rows
 from fovi_ref.meta import Derived, KNNMeta
+from fovi_ref.precision import gemm_dtype, store_operand
 from fovi_ref.segment_sum import (
     SegmentSumPlan,
     accumulation_dtype,
@@ -75,10 +76,11 @@ def node_rows(meta: KNNMeta, x: torch.Tensor) -> torch.Tensor:
     return x_nodes.view(meta.n_in, -1)
 
 
-def to_fovi_input(rows: torch.Tensor, batch: int, c_in: int) -> torch.Tensor:
-    """Node rows ``[N, B*Cin] -> [B, Cin, N]``, contiguous, in one copy: a 2-D transpose, which
-    ATen copies in cache-sized tiles."""
-    return rows.t().contiguous().view(batch, c_in, rows.shape[0])
+def to_fovi_input(rows: torch.Tensor, batch: int, c_in: int, dtype: torch.dtype) -> torch.Tensor:
+    """Node rows ``[N, B*Cin] -> [B, Cin, N]`` in ``dtype``, contiguous, in one copy: a 2-D
+    transpose, which ATen copies in cache-sized tiles (rounding float32 sums once)."""
+    out = rows.new_empty(batch * c_in, rows.shape[0], dtype=dtype)
+    return out.copy_(rows.t()).view(batch, c_in, rows.shape[0])
 
 
 def grad_y_layout(grad_y: torch.Tensor) -> torch.Tensor:
@@ -101,7 +103,7 @@ def operand(meta: KNNMeta, data: Derived, x: torch.Tensor) -> torch.Tensor:
     z_nodes = segment_sum(node_rows(meta, x), SegmentSumPlan.from_derived(data, "node_bin"))
     z_rows = z_nodes.new_empty(batch, meta.n_out, meta.in_channels, meta.v)  # [B, Nout, Cin, V]
     z_rows.copy_(z_nodes.view(meta.v, meta.n_out, batch, meta.in_channels).permute(2, 1, 3, 0))
-    return z_rows.view(batch * meta.n_out, meta.in_channels * meta.v)
+    return store_operand(z_rows.view(batch * meta.n_out, meta.in_channels * meta.v), x.dtype)
 
 
 def forward_with_operand(
@@ -121,12 +123,13 @@ def grad_input(
     """``grad_y [B, Cout, Nout] -> grad_x [B, Cin, Nin]``: ``grad_z = grad_y_rows @ weight``,
     permuted to node rows ``[V*Nout, B*Cin]``, summed back with ``node_unbin``."""
     batch = grad_y.shape[0]
-    grad_z = _grad_y_rows(grad_y) @ weight  # [B*Nout, Cin*V]: rows (b, n), columns (c, v)
+    acc = gemm_dtype(grad_y.device, grad_y.dtype)
+    grad_z = _grad_y_rows(grad_y).to(acc) @ weight.to(acc)  # [B*Nout, Cin*V]: rows (b, n)
     grad_z_nodes = grad_z.new_empty(meta.v, meta.n_out, batch, meta.in_channels)
     grad_z_nodes.copy_(grad_z.view(batch, meta.n_out, meta.in_channels, meta.v).permute(3, 1, 0, 2))
     plan = SegmentSumPlan.from_derived(data, "node_unbin")
     grad_x_nodes = segment_sum(grad_z_nodes.view(meta.v * meta.n_out, -1), plan)  # [Nin, B*Cin]
-    return to_fovi_input(grad_x_nodes, batch, meta.in_channels)
+    return to_fovi_input(grad_x_nodes, batch, meta.in_channels, grad_y.dtype)
 
 
 def grad_weight_of_operand(

@@ -23,6 +23,12 @@ this strategy over the textbook's as::
 and it runs where that is at most :data:`CELLS_AT_MOST`. The three constants are held together
 by ``python -m fovi_ref bench --strategies``: its record of this strategy forced on and off on
 res18's layers must be routed by the estimate as well as any value of the threshold could.
+
+**16 bits.** Each cell's ``u`` is added into ``y`` after its GEMM, so the forward runs wide
+whatever :func:`fovi_ref.precision.gemm_dtype` says (the pair features stay float32): a 16-bit
+``u`` would be rounded once per cell, which the tolerance rule does not allow. The input
+gradient's GEMMs follow ``gemm_dtype``. :func:`fovi_ref.strategies.choose_strategy` therefore
+takes this strategy only where the GEMMs run wide.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import torch
 from fovi_ref.knn_general import bin_entries
 from fovi_ref.layout import fovi_layout_empty
 from fovi_ref.meta import Derived, KNNMeta
+from fovi_ref.precision import gemm_dtype
 from fovi_ref.segment_sum import SegmentSumPlan, build_segment_sum_plan, segment_sum
 from fovi_ref.strategies.node_rows import node_rows, to_fovi_input
 
@@ -207,15 +214,16 @@ def grad_input(
     """``grad_x [B, Cin, Nin]``: per cell ``grad_z_pairs = grad_y_pairs^T @ weight_v``, then the
     pair sums transposed (pairs -> inputs)."""
     batch = grad_y.shape[0]
-    g_pairs = _pair_grad_y(data, grad_y)  # [Cout, T*B]
-    weights = _cell_weights(weight, meta.v, weight.dtype)  # [V, Cout, Cin]
+    acc = gemm_dtype(grad_y.device, grad_y.dtype)
+    g_pairs = _pair_grad_y(data, grad_y.to(acc))  # [Cout, T*B]
+    weights = _cell_weights(weight, meta.v, acc)  # [V, Cout, Cin]
     grad_z = g_pairs.new_empty(g_pairs.shape[1], meta.in_channels)  # [T*B, Cin]
     for v, rows, _ in _cell_slices(data, batch):
         torch.mm(g_pairs[:, rows].t(), weights[v], out=grad_z[rows])
     plan = SegmentSumPlan.from_derived(data, "cell_unbin")
     grad_z_pairs = grad_z.view(pair_count(data), batch * meta.in_channels)  # [T, B*Cin]
     grad_x_nodes = segment_sum(grad_z_pairs, plan)  # [Nin, B*Cin]
-    return to_fovi_input(grad_x_nodes, batch, meta.in_channels)
+    return to_fovi_input(grad_x_nodes, batch, meta.in_channels, grad_y.dtype)
 
 
 def grad_weight_of_operand(

@@ -25,6 +25,7 @@ from fovi_ref.check.bench.timing import time_contenders
 from fovi_ref.check.operands import forward_and_grads, sample_operands
 from fovi_ref.grid import square_grid_for
 from fovi_ref.knn_einsum_baseline import EinsumBaselineOps
+from fovi_ref.precision import gemm_dtype
 from fovi_ref.strategies import GeneralOps, occupied_cells
 
 __all__ = [
@@ -122,9 +123,10 @@ def _per_cell_products(inputs: Inputs) -> dict[str, Callable[[], list[torch.Tens
             blocks.append((v, slice(start * batch, (start + count) * batch)))
         start += count
     rows = batch * start  # T*B
-    z = torch.randn(rows, meta.in_channels, device=like.device).to(like.dtype)  # [T*B, Cin]
-    g = torch.randn(rows, c_out, device=like.device).to(like.dtype)  # [T*B, Cout]
-    w = torch.randn(meta.v, c_out, meta.in_channels, device=like.device).to(like.dtype)
+    acc = gemm_dtype(like.device, like.dtype)
+    z = torch.randn(rows, meta.in_channels, device=like.device).to(acc)  # [T*B, Cin]
+    g = torch.randn(rows, c_out, device=like.device).to(acc)  # [T*B, Cout]
+    w = torch.randn(meta.v, c_out, meta.in_channels, device=like.device).to(acc)
     return {
         "forward": lambda: [z[r] @ w[v].t() for v, r in blocks],
         "input gradient": lambda: [g[r] @ w[v] for v, r in blocks],
@@ -165,16 +167,20 @@ def gemm_floor(inputs: Inputs, trials: int = 5, *, cells: bool = False) -> Conte
     them where :func:`fovi_ref.strategies.choose_strategy` picks occupied cells), operands laid
     out beforehand: the
     dense GEMMs multiply the empty cells' zeros too, so a cell-skipping implementation could
-    otherwise run below the floor.
+    otherwise run below the floor. For 16-bit inputs the GEMMs run in
+    :func:`fovi_ref.precision.gemm_dtype`, the faster of a 16-bit and a float32 GEMM on this
+    device as ``bench --gemm-dtypes`` measured it (both accumulate in float32): an emulated
+    16-bit GEMM would put the floor above what a float32 one reaches.
     """
     meta, like = inputs.meta, inputs.x
     batch, c_out = inputs.grad_y.shape[:2]
     features, rows = meta.in_channels * meta.v, batch * meta.n_out
+    acc = gemm_dtype(like.device, like.dtype)  # 16-bit inputs: the faster GEMM here
 
     def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=like.device).to(like.dtype)
+        return torch.randn(*shape, device=like.device).to(acc)
 
-    w = inputs.weight.detach()  # [Cout, F]
+    w = inputs.weight.detach().to(acc)  # [Cout, F]
     x_rows, g_rows = randn(rows, features), randn(rows, c_out)  # [B*Nout, F], [B*Nout, Cout]
     x_cols, g_cols = x_rows.t().contiguous(), g_rows.t().contiguous()  # [F, ...], [Cout, ...]
     orientations = {

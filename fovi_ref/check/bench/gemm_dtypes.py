@@ -1,0 +1,118 @@
+"""``bench --gemm-dtypes``: which dtype the GEMMs of a 16-bit call should run in on this machine.
+
+:data:`fovi_ref.precision.GEMM_DTYPES` says, per platform and 16-bit input dtype, whether a
+backend's GEMMs run *narrow* (16-bit operands, float32 accumulation) or *wide* (float32). This job
+measures the choice for the machine it runs on: the forward GEMM of four res18 layers
+(``[B*Nout, Cin*V] @ [Cin*V, Cout]`` at batch :data:`BATCH`), once with 16-bit operands and once
+with float32 ones, timed in interleaved rounds in one process. The 16-bit GEMM is chosen where it
+is the faster on all four layers; the ratio of each layer is recorded beside the choice.
+
+The record (:data:`RECORD`, written by ``bench --gemm-dtypes --out DIR`` and copied here by
+hand) names the platform it was measured on; ``tests/test_precision.py`` holds every entry of
+that platform in ``GEMM_DTYPES`` to it. :func:`forced` sets the table for one platform within a
+block: the testing knob that lets a CPU without a fast 16-bit GEMM run the narrow path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from fovi_ref import dtype_name
+from fovi_ref.check.bench.timing import machine_load, measure
+from fovi_ref.geometry import get_layer
+from fovi_ref.precision import GEMM_DTYPES, SIXTEEN_BIT, platform
+
+__all__ = ["BATCH", "LAYERS", "RECORD", "choose", "forced", "load_record", "measure_gemms", "run"]
+
+LAYERS = ("layer1.0.conv1", "layer2.0.conv1", "layer3.0.conv2", "layer4.0.conv1")
+"""The layers whose forward GEMM is timed: one per stage of res18."""
+BATCH = 8
+"""Samples per GEMM (rows ``B*Nout``): small, since an emulated 16-bit GEMM is slow."""
+RECORD = Path(__file__).with_name("gemm_record.json")
+"""The stored measurement ``GEMM_DTYPES`` is held to."""
+
+
+@contextmanager
+def forced(gemms: str, platform_key: str | None = None) -> Iterator[None]:
+    """Within the block, every 16-bit call on ``platform_key`` (default: this CPU's) runs its
+    GEMMs ``"narrow"`` or ``"wide"``; the table is restored on exit. A testing knob: it edits the
+    op's ``GEMM_DTYPES``, so not for threads."""
+    if gemms not in ("narrow", "wide"):
+        raise ValueError(f"gemms must be 'narrow' or 'wide', got {gemms!r}")
+    key = platform("cpu") if platform_key is None else platform_key
+    saved = dict(GEMM_DTYPES)
+    for dtype in SIXTEEN_BIT:
+        GEMM_DTYPES[(key, dtype)] = dtype if gemms == "narrow" else torch.float32
+    try:
+        yield
+    finally:
+        GEMM_DTYPES.clear()
+        GEMM_DTYPES.update(saved)
+
+
+def _operands(layer: str, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``(z_rows [B*Nout, Cin*V], weight^T [Cin*V, Cout])`` of ``layer``'s forward GEMM."""
+    info = get_layer(layer)
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(BATCH * info.meta.n_out, info.in_channels * info.meta.v, generator=g)
+    weight_t = torch.randn(info.in_channels * info.meta.v, info.out_channels, generator=g)
+    return rows.to(device, dtype), weight_t.to(device, dtype)
+
+
+def measure_gemms(dtype: torch.dtype, device: torch.device, repeats: int = 3) -> dict[str, float]:
+    """``{layer: time of the 16-bit GEMM / time of the float32 GEMM}``, the median of paired
+    rounds, for ``dtype`` on ``device``."""
+    ratios = {}
+    for layer in LAYERS:
+        narrow = _operands(layer, dtype, device)
+        wide = _operands(layer, torch.float32, device)
+        contenders = {"narrow": lambda a=narrow: a[0] @ a[1], "wide": lambda a=wide: a[0] @ a[1]}
+        timing = measure(contenders, ratios=[("narrow", "wide")], repeats=repeats, warmup=1)
+        ratios[layer] = timing.ratio("narrow", "wide").median
+    return ratios
+
+
+def choose(ratios: dict[str, float]) -> str:
+    """``"narrow"`` where the 16-bit GEMM is faster on every layer, else ``"wide"`` (a mixed
+    result keeps the float32 GEMMs, the more accurate ones)."""
+    return "narrow" if all(r < 1 for r in ratios.values()) else "wide"
+
+
+def load_record(path: Path = RECORD) -> dict:
+    """The stored record: ``{"platform", "device", "ratios": {dtype: {layer: ratio}},
+    "choice": {dtype: "narrow" | "wide"}, ...}``."""
+    return json.loads(path.read_text())
+
+
+def run(out: str = "results", device: str | torch.device = "cpu", repeats: int = 3) -> dict:
+    """Measure, print a table and the choice per 16-bit dtype, and write
+    ``OUT/gemm_record.json`` (copy it over :data:`RECORD` to make it the stored one)."""
+    device = torch.device(device)
+    load = machine_load()
+    print(f"bench --gemm-dtypes on {platform(device)} ({device}); {load.line()}")
+    print("16-bit GEMM time / float32 GEMM time, forward GEMM of each layer at batch", BATCH)
+    record = {"platform": platform(device), "device": str(device), "batch": BATCH}
+    record |= {
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+    record |= {"ratios": {}, "choice": {}}
+    for dtype in SIXTEEN_BIT:
+        ratios = measure_gemms(dtype, device, repeats)
+        record["ratios"][dtype_name(dtype)] = {k: round(v, 3) for k, v in ratios.items()}
+        record["choice"][dtype_name(dtype)] = choose(ratios)
+    names = [dtype_name(d) for d in SIXTEEN_BIT]
+    print(f"  {'layer':<16}" + "".join(f"{n:>10}" for n in names))
+    for layer in LAYERS:
+        print(f"  {layer:<16}" + "".join(f"{record['ratios'][n][layer]:>10.2f}" for n in names))
+    print(f"  {'choice':<16}" + "".join(f"{record['choice'][n]:>10}" for n in names))
+    path = Path(out) / "gemm_record.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"record in {path}; the stored one is {RECORD}")
+    return record

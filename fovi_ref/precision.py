@@ -1,0 +1,110 @@
+"""The dtype the GEMMs of a 16-bit call run in: the one precision choice every backend follows.
+
+float32 and float64 inputs run every GEMM in their own dtype. For float16 and bfloat16 inputs a
+backend has two ways to run the GEMMs of the operator; in both the products of two 16-bit values
+are exact and their sum is accumulated in float32:
+
+- **wide**: the operands widened to float32, a float32 GEMM. The binned cells ``z`` (summed in
+  float32) are never stored in 16 bits, and ``y`` and every gradient are rounded once, at the end.
+- **narrow**: a 16-bit GEMM, which accumulates in float32 and rounds its result once. The binned
+  cells are summed in float32 and *stored once* in 16 bits before the GEMM reads them (fovi's
+  einsum stores them too), and so is ``grad_z = weight^T grad_y`` before it is summed back onto
+  the inputs. These two stores are the only roundings besides the result's, and the tolerance
+  rule allows exactly them (``fovi_ref.check.tolerances``, step 2 (c)).
+
+Narrow costs one rounding of the stored cells, at most ``u |z|`` each (``u = 2^-8`` in bfloat16),
+and buys the 16-bit GEMM, where the hardware has one: tensor cores on a GPU, AVX512-BF16 or AMX on
+a CPU. Where it has none, a 16-bit GEMM is emulated and far slower than a float32 one, and wide is
+both faster and more accurate. So the choice is a fact about the hardware, kept as data:
+:data:`GEMM_DTYPES`, keyed by :func:`platform` and the input dtype, and :data:`GEMM_DTYPE_SOURCES`
+says where each entry comes from. ``python -m fovi_ref bench --gemm-dtypes`` times a GEMM of each
+dtype on this machine and writes a record; ``tests/test_precision.py`` holds every entry of the
+recorded platform to it. Entries no machine here has measured are marked derived.
+
+**float16 cells past 65504.** A cell sum that float16 cannot hold would be stored as inf, making
+``y`` inf where the exact answer is finite (a small weight can bring it back into range). A narrow
+float16 call whose binned cells exceed the largest float16 therefore keeps them in float32 and runs
+that call's forward GEMM wide (:func:`store_operand`). bfloat16 has float32's range: no such case.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+__all__ = [
+    "GEMM_DTYPES",
+    "GEMM_DTYPE_SOURCES",
+    "MEASURED",
+    "SIXTEEN_BIT",
+    "gemm_dtype",
+    "platform",
+    "store_operand",
+]
+
+SIXTEEN_BIT = (torch.float16, torch.bfloat16)
+"""The input dtypes whose GEMMs may run wide or narrow."""
+
+GEMM_DTYPES: dict[tuple[str, torch.dtype], torch.dtype] = {
+    ("cpu", torch.bfloat16): torch.float32,
+    ("cpu", torch.float16): torch.float32,
+    ("cpu_bf16", torch.bfloat16): torch.bfloat16,
+    ("cpu_bf16", torch.float16): torch.float32,
+    ("cuda", torch.bfloat16): torch.bfloat16,
+    ("cuda", torch.float16): torch.float16,
+}
+"""The dtype of the GEMMs of a 16-bit call, by ``(platform, input dtype)``: float32 is wide, the
+input's own dtype narrow. A platform missing here runs wide."""
+
+MEASURED = "measured: bench --gemm-dtypes, record fovi_ref/check/bench/gemm_record.json"
+
+GEMM_DTYPE_SOURCES: dict[tuple[str, torch.dtype], str] = {
+    ("cpu", torch.bfloat16): MEASURED,
+    ("cpu", torch.float16): MEASURED,
+    ("cpu_bf16", torch.bfloat16): "derived, unmeasured: oneDNN runs bfloat16 GEMMs natively there",
+    ("cpu_bf16", torch.float16): "derived, unmeasured: such CPUs have no native float16 GEMM",
+    ("cuda", torch.bfloat16): "derived, unmeasured: tensor cores outrun float32 units many times",
+    ("cuda", torch.float16): "derived, unmeasured: tensor cores outrun float32 units many times",
+}
+"""Where each entry of :data:`GEMM_DTYPES` comes from: ``measured`` (a stored record that
+``tests/test_precision.py`` holds it to) or ``derived, unmeasured`` (and why)."""
+
+
+@functools.cache
+def _cpu_has_bf16_gemm() -> bool:
+    """Whether this CPU runs bfloat16 GEMMs natively (AVX512-BF16 or AMX). torch answers through
+    private functions of ``torch.cpu`` (present in torch 2.1 to 2.13); without them, no."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def platform(device: torch.device | str) -> str:
+    """The key of :data:`GEMM_DTYPES` for ``device``: ``"cuda"``; ``"cpu_bf16"`` for a CPU with a
+    native bfloat16 GEMM, else ``"cpu"``; any other device type as it is (it runs wide)."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return "cpu_bf16" if _cpu_has_bf16_gemm() else "cpu"
+    return device.type
+
+
+def gemm_dtype(device: torch.device | str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype the GEMMs of a ``dtype`` call on ``device`` run in: ``dtype`` itself unless it is
+    16-bit, then :data:`GEMM_DTYPES`' entry (float32 where there is none)."""
+    if dtype not in SIXTEEN_BIT:
+        return dtype
+    return GEMM_DTYPES.get((platform(device), dtype), torch.float32)
+
+
+def store_operand(z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The binned cells ``z`` (summed in float32 for 16-bit inputs) as a GEMM of a ``dtype`` call
+    reads them: stored once in :func:`gemm_dtype`, or kept as they are where that is their dtype
+    or where float16 could not hold them (the module docstring). The check reads every cell (on a
+    GPU it waits for them); only a narrow float16 call pays it."""
+    target = gemm_dtype(z.device, dtype)
+    if target == z.dtype:
+        return z
+    fits = target != torch.float16 or not z.numel()
+    if not fits and not bool(z.abs().amax() <= torch.finfo(torch.float16).max):
+        return z  # a cell past 65504 (or non-finite): this call stays wide
+    return z.to(target)

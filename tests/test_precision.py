@@ -1,0 +1,166 @@
+"""The 16-bit precision choice (fovi_ref.precision): the table held to its record, both paths
+judged by the battery on every backend and strategy, float16 cells past 65504, autocast."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import CUDA
+from torch.overrides import TorchFunctionMode
+
+from fovi_ref import KNNConv, KNNMeta, dtype_name, get_ops, knn_conv
+from fovi_ref.check.bench import gemm_dtypes
+from fovi_ref.check.check_ops import check_ops
+from fovi_ref.precision import (
+    GEMM_DTYPE_SOURCES,
+    GEMM_DTYPES,
+    MEASURED,
+    SIXTEEN_BIT,
+    gemm_dtype,
+    platform,
+    store_operand,
+)
+from fovi_ref.strategies import STRATEGIES, forced_ops
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+F16, BF16 = torch.float16, torch.bfloat16
+
+
+# ------------------------------------------------------------------------------ the table
+def test_full_precision_inputs_run_their_own_gemms_and_unknown_platforms_run_wide():
+    for device in ("cpu", "meta"):
+        assert gemm_dtype(device, torch.float32) == torch.float32
+        assert gemm_dtype(device, torch.float64) == torch.float64
+    assert platform("meta") == "meta"
+    assert all(gemm_dtype("meta", d) == torch.float32 for d in SIXTEEN_BIT)
+
+
+def test_every_entry_is_wide_or_narrow_and_says_where_it_comes_from():
+    assert set(GEMM_DTYPES) == set(GEMM_DTYPE_SOURCES)
+    for (_, dtype), gemm in GEMM_DTYPES.items():
+        assert dtype in SIXTEEN_BIT and gemm in (dtype, torch.float32)
+    record = gemm_dtypes.load_record()
+    for key, source in GEMM_DTYPE_SOURCES.items():
+        measured = key[0] == record["platform"]
+        assert source == MEASURED if measured else source.startswith("derived, unmeasured")
+
+
+def test_the_recorded_platform_holds_the_recorded_choice():
+    """bench --gemm-dtypes measured a 16-bit GEMM against a float32 one on this platform; the
+    table must say what the record chose (narrow: the 16-bit GEMM was faster on every layer)."""
+    record = gemm_dtypes.load_record()
+    for name, choice in record["choice"].items():
+        dtype = getattr(torch, name)
+        ratios = record["ratios"][name]
+        assert choice == gemm_dtypes.choose(ratios)
+        want = dtype if choice == "narrow" else torch.float32
+        assert GEMM_DTYPES[(record["platform"], dtype)] == want, name
+
+
+def test_forced_sets_and_restores_the_table():
+    saved = dict(GEMM_DTYPES)
+    with gemm_dtypes.forced("narrow"):
+        assert all(gemm_dtype("cpu", d) == d for d in SIXTEEN_BIT)
+    with gemm_dtypes.forced("wide"):
+        assert all(gemm_dtype("cpu", d) == torch.float32 for d in SIXTEEN_BIT)
+    assert saved == GEMM_DTYPES
+    with pytest.raises(ValueError, match="narrow"), gemm_dtypes.forced("half"):
+        pass
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN_BIT, ids=dtype_name)
+def test_store_operand_stores_once_and_keeps_float16_overflow_wide(dtype):
+    z = torch.tensor([[1.0 + 2**-12, -3.0]])  # float32 cell sums
+    with gemm_dtypes.forced("wide"):
+        assert store_operand(z, dtype) is z
+    with gemm_dtypes.forced("narrow"):
+        assert torch.equal(store_operand(z, dtype), z.to(dtype))
+        big = torch.tensor([[70000.0, 1.0]])
+        assert store_operand(big, dtype).dtype == (torch.float32 if dtype == F16 else BF16)
+    assert store_operand(z, torch.float32) is z
+
+
+# --------------------------------------------------------------- both paths, every backend
+def _ops(name: str):
+    return forced_ops(name[len("general[") : -1]) if name.startswith("general[") else name
+
+
+BACKENDS = ["general", "gather_gemm"] + [f"general[{s}]" for s in STRATEGIES]
+
+
+@pytest.mark.parametrize("gemms", ["narrow", "wide"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_both_paths_pass_the_battery_in_16_bits(backend, gemms):
+    """Whatever this machine's table says, each path is judged here: the oracle through the
+    eager door and the ``rounding`` check (cells whose partial sums dwarf their sum)."""
+    with gemm_dtypes.forced(gemms):
+        report = check_ops(_ops(backend), dtypes=SIXTEEN_BIT, checks=("oracle", "rounding"))
+    assert report.ok, report
+
+
+class GemmDtypes(TorchFunctionMode):
+    """Records the operand dtypes of every matrix product called while active."""
+
+    PRODUCTS = {torch.mm, torch.addmm, torch.matmul, torch.Tensor.__matmul__, torch.Tensor.mm}
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[torch.dtype] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.PRODUCTS:
+            self.seen |= {a.dtype for a in args if isinstance(a, torch.Tensor)}
+        return func(*args, **(kwargs or {}))
+
+
+def _graph(k: int, v: int) -> KNNMeta:
+    g = torch.Generator().manual_seed(0)
+    knn = torch.randint(0, 30, (k, 20), generator=g)
+    rf_index = torch.randint(0, v, (20, k), generator=g)
+    return KNNMeta.from_knn(knn, rf_index, n_in=30, in_channels=3, v=v)
+
+
+@pytest.mark.parametrize("gemms", ["narrow", "wide"])
+@pytest.mark.parametrize("backend", ["general", "gather_gemm"])
+def test_a_bfloat16_autocast_training_step_runs_the_chosen_gemms(backend, gemms):
+    """float32 master weights, bfloat16 activations: every GEMM of the step (forward and both
+    gradients) runs in the table's dtype, and the gradients reach the float32 parameters."""
+    meta = _graph(1, 1) if backend == "gather_gemm" else _graph(4, 4)
+    conv = KNNConv(3, 5, meta, backend=backend)
+    x = torch.randn(4, 3, 30, requires_grad=True)
+    with gemm_dtypes.forced(gemms), GemmDtypes() as mode:
+        with torch.autocast("cpu", dtype=BF16):
+            y = conv(x)
+        F.mse_loss(y.float(), torch.zeros(y.shape)).backward()
+    assert mode.seen == {BF16 if gemms == "narrow" else torch.float32}
+    assert conv.weight.grad.dtype == conv.bias.grad.dtype == x.grad.dtype == torch.float32
+    assert all(torch.isfinite(t).all() for t in (conv.weight.grad, conv.bias.grad, x.grad))
+
+
+# ------------------------------------------------------------------ float16 past 65504
+def _two_neighbours_in_one_cell() -> KNNMeta:
+    knn = torch.tensor([[0], [1]])  # node 0 reads inputs 0 and 1, both in cell 0
+    return KNNMeta.from_knn(knn, torch.zeros(1, 2, dtype=torch.int64), n_in=2, in_channels=1, v=1)
+
+
+@pytest.mark.parametrize("gemms", ["narrow", "wide"])
+@pytest.mark.parametrize("backend", ["general", "general_textbook"])
+def test_float16_cells_past_65504_still_give_a_finite_y(backend, gemms):
+    """A cell sum of 80,000 times a weight of 2^-10 is 78.125: the exact y is finite, so y must
+    be, on both paths (fovi's einsum, which stores the cell in float16, gives inf)."""
+    meta = _two_neighbours_in_one_cell()
+    x = torch.full((1, 1, 2), 40000.0, dtype=F16)
+    w = torch.full((1, 1), 2.0**-10, dtype=F16)
+    with gemm_dtypes.forced(gemms):
+        y = knn_conv(x, w, None, meta, backend=backend)
+    assert y.dtype == F16 and float(y) == 78.125
+    assert torch.isinf(get_ops("einsum_baseline").forward(meta, x, w, None)).all()
+
+
+# ------------------------------------------------------------------------------------ CUDA
+@CUDA
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cuda_runs_its_table_entry_and_passes_the_battery(backend):
+    report = check_ops(_ops(backend), dtypes=SIXTEEN_BIT, device="cuda")
+    assert report.ok, report
