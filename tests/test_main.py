@@ -54,14 +54,17 @@ def test_bench_writes_ratios(tmp_path):
     dtypes = ["float32", "float16", "bfloat16"]  # the default: 16-bit rows beside float32
     assert [(r["layer"], r["dtype"]) for r in k1] == [(ds4, d) for d in dtypes]
     assert [r["dtype"] for r in general] == dtypes
-    # float32 rows are held to their targets (here the batch-2 ones), 16-bit rows to none
+    # float32 rows are held to their targets (here the batch-2 ones), bfloat16 rows to theirs,
+    # float16 rows to none
     assert set(k1[0]["verdicts"]) == {
-        "gather_gemm / einsum (fovi)",
         "gather_gemm / conv2d floor",
         "gather_gemm / gemm floor, batch < 256",
     }
-    assert k1[1]["verdicts"] == k1[2]["verdicts"] == {} == general[1]["verdicts"]
+    assert k1[1]["verdicts"] == {} == general[1]["verdicts"]
+    assert set(k1[2]["verdicts"]) == {"gather_gemm / einsum (fovi), bfloat16"}
+    assert set(general[2]["verdicts"]) == {"general / einsum time, bfloat16"}
     assert "general / einsum peak memory" in general[0]["verdicts"]
+    assert result["trunk"] == {}  # two layers of twenty: no sum over the layers
     assert set(k1[0]["ms"]) == {
         "gather_gemm",
         "gather_gemm direct",
@@ -74,7 +77,8 @@ def test_bench_writes_ratios(tmp_path):
     assert 0 <= general[0]["empty cells"] < 1
     assert (tmp_path / "bench.png").stat().st_size > 0
     csv_rows = (tmp_path / "bench.csv").read_text().splitlines()
-    assert len(csv_rows) == 1 + 3 + 2  # header, ds4's three targets, layer4.1.conv1's two
+    # header, ds4's two float32 targets and one bfloat16, layer4.1.conv1's two and one
+    assert len(csv_rows) == 1 + 3 + 3
 
 
 def test_time_contenders_runs_each_round_robin():

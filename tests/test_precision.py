@@ -12,6 +12,8 @@ from torch.overrides import TorchFunctionMode
 from fovi_ref import KNNConv, KNNMeta, dtype_name, get_ops, knn_conv
 from fovi_ref.check.bench import gemm_dtypes
 from fovi_ref.check.check_ops import check_ops
+from fovi_ref.check.jobs import layer_names
+from fovi_ref.geometry import get_layer
 from fovi_ref.precision import (
     GEMM_DTYPE_SOURCES,
     GEMM_DTYPES,
@@ -21,7 +23,7 @@ from fovi_ref.precision import (
     platform,
     store_operand,
 )
-from fovi_ref.strategies import STRATEGIES, forced_ops
+from fovi_ref.strategies import STRATEGIES, forced_ops, strategy_for
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 F16, BF16 = torch.float16, torch.bfloat16
@@ -164,3 +166,23 @@ def test_float16_cells_past_65504_still_give_a_finite_y(backend, gemms):
 def test_cuda_runs_its_table_entry_and_passes_the_battery(backend):
     report = check_ops(_ops(backend), dtypes=SIXTEEN_BIT, device="cuda")
     assert report.ok, report
+
+
+# ------------------------------------------------------------------------------ strategies
+def test_bfloat16_takes_float32s_strategy_where_it_runs_wide_and_never_occupied_cells_narrow():
+    """Wide, a 16-bit call runs float32 GEMMs and grad_z is float32: the same choice as float32
+    on every res18 graph and batch. Narrow, occupied cells (which would round each cell's
+    product) is never chosen."""
+    metas = {get_layer(name).meta for name in layer_names(None)}
+    chosen = set()
+    for gemms in ("wide", "narrow"):
+        with gemm_dtypes.forced(gemms):
+            for meta in metas:
+                for batch in (1, 4, 16, 64, 256):
+                    ours = strategy_for(meta, batch, "cpu", BF16).strategy
+                    chosen.add((gemms, ours))
+                    if gemms == "wide":
+                        assert ours == strategy_for(meta, batch, "cpu").strategy
+                    else:
+                        assert ours != "occupied_cells"
+    assert ("wide", "occupied_cells") in chosen  # so the narrow assertion means something

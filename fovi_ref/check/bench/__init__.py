@@ -9,7 +9,9 @@
   :mod:`~fovi_ref.check.bench.scaling` (``bench --batch-scaling``),
   :mod:`~fovi_ref.check.bench.fovi` (``bench --fovi``),
   :mod:`~fovi_ref.check.bench.strategies` (``bench --strategies``: the routed ``general``'s
-  constants, each timed on both sides and held to a stored record), and
+  constants, each timed on both sides and held to a stored record),
+  :mod:`~fovi_ref.check.bench.gemm_dtypes` (``bench --gemm-dtypes``: 16-bit GEMMs against
+  float32 ones, the record ``fovi_ref.precision.GEMM_DTYPES`` is held to), and
   :mod:`~fovi_ref.check.bench.budget` (the dense-``S`` budget of notebook 03).
 
 The measuring tools are re-exported here: ``from fovi_ref.check import bench``.
@@ -23,6 +25,7 @@ The jobs (``python -m fovi_ref bench --help`` lists every option and target)::
     python -m fovi_ref bench --batch-scaling       # batch 1..16 per graph vs fovi's einsum
     python -m fovi_ref bench --fovi                # fovi 2.4.0's backends beside fovi_ref's
     python -m fovi_ref bench --strategies          # each tuned constant timed on both sides
+    python -m fovi_ref bench --gemm-dtypes         # narrow or wide 16-bit GEMMs on this machine
     python -m fovi_ref --device cuda bench --dtypes bfloat16 --batch 256
     python scripts/profile_layer.py layer4.0.conv1 --batch 1 16   # where one layer's time goes
     bash scripts/gpu_check.sh                      # on a CUDA machine: tests, verify, bench
@@ -30,8 +33,11 @@ The jobs (``python -m fovi_ref bench --help`` lists every option and target)::
 **Reading the tables.** Every contender runs one forward and the backward for ``x``, ``weight``
 and ``bias``; contenders are timed in interleaved rounds in one process, and the tables print
 *ratios*, which hold on a noisy machine where absolute times do not. Below 1 the first-named
-contender is faster. Each dtype gives its own rows; the targets hold the float32 rows, and the
-16-bit rows are reported beside them without targets.
+contender is faster. Each dtype gives its own rows; the targets hold the float32 and bfloat16
+rows, and float16 rows are reported beside them without targets. A run over every layer also
+adds the layers' times up per dtype (``targets.TRUNK``), fovi_ref's own bfloat16 time against its
+float32 time included. Which GEMMs a 16-bit row runs: ``bench --gemm-dtypes`` and
+:mod:`fovi_ref.precision`.
 
 A cell ``0.72±0.03`` is the median of the per-round ratios ± half their interquartile range. A
 row gets at least ``--repeats`` rounds, and more until every target ratio's IQR is within

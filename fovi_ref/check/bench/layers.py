@@ -16,8 +16,9 @@ absolute times do not.
 :data:`fovi_ref.check.bench.targets.LAYERS` holds the targets and says which rows each holds; a
 ``!`` after a ratio marks a missed target, a ``?`` an unsure one (its IQR straddles the target),
 and every row ends with its verdict (:func:`fovi_ref.check.bench.timing.verdict`). Targets hold
-float32 rows; float16 and bfloat16 rows are reported beside them without targets (see
-:data:`fovi_ref.check.bench.targets.LOW_PRECISION`).
+float32 and bfloat16 rows; float16 rows are reported beside them without targets (see
+:data:`fovi_ref.check.bench.targets.LOW_PRECISION`). With every layer in the run, the layers'
+times are also added up per dtype and held to :data:`fovi_ref.check.bench.targets.TRUNK`.
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ def run(args) -> None:
     print(f"every target ratio's IQR is within {timing.BAND:.0%} of its median (or a time cap)")
     print("cell: median ratio ± half its IQR over the rounds; < 1: the first is faster")
     print("verdict: met (IQR at or below the target), MISSED '!' (above), unsure '?' (straddles),")
-    print("invalid (a time below the GEMM floor: no result); targets hold float32 rows only:")
+    print("invalid (a time below the GEMM floor: no result); targets hold float32 and bfloat16:")
     print(targets.LOW_PRECISION)
     for when, load in zip(("before", "after"), loads, strict=True):
         print(f"{when}: {load.line()}")
@@ -252,6 +253,9 @@ def run(args) -> None:
         print_downsample_table(ds_rows)
     if gen_rows:
         print_general_table(gen_rows)
+    trunk = trunk_sums(ds_rows, gen_rows, args.batch_general, len(layer_names(None)))
+    if trunk:
+        print_trunk(trunk, args.batch_general)
     print_summary(ds_rows + gen_rows)
     print(f"\nbench took {time.perf_counter() - start:.0f} s")
     out = Path(args.out)
@@ -264,13 +268,64 @@ def run(args) -> None:
         "torch": torch.__version__,
         "machine": [dataclasses.asdict(load) | {"busy": load.busy} for load in loads],
     }
-    record = json.dumps({"run": meta, "k1": ds_rows, "general": gen_rows}, indent=1)
+    record = {"run": meta, "k1": ds_rows, "general": gen_rows, "trunk": trunk}
+    record = json.dumps(record, indent=1)
     write_set(out, {
         "bench.png": lambda path: plot_bench(path, ds_rows, gen_rows, meta),
         "bench.csv": lambda path: write_csv(path, ds_rows + gen_rows),
         "bench.json": lambda path: path.write_text(record),
     })  # fmt: skip
     print(f"results in {out}/bench.json, bench.csv, bench.png")
+
+
+def trunk_sums(ds_rows: list[dict], gen_rows: list[dict], batch: int, layers: int) -> dict:
+    """``{dtype: {"routed": ms, "einsum": ms}}``: each layer's median time added up over all
+    ``layers`` (a row timed once for several layers counts once per layer; K = 1 layers at
+    ``batch``), and each :data:`~fovi_ref.check.bench.targets.TRUNK` target's ratio and verdict
+    under ``"targets"``. Empty unless every layer has a row in every dtype."""
+    sums: dict = {}
+    for r in gen_rows:
+        members = len(r["layer"].split(", "))
+        add = {"routed": members * r["ms"]["general"], "einsum": members * r["ms"]["einsum (fovi)"]}
+        _add_to(sums, r["dtype"], add, members)
+    for r in ds_rows:
+        if r["batch"] == batch:
+            add = {"routed": r["ms"]["gather_gemm"], "einsum": r["ms"]["einsum (fovi)"]}
+            _add_to(sums, r["dtype"], add, 1)
+    if not sums or any(s.pop("layers") != layers for s in sums.values()):
+        return {}
+    held = []
+    for t in targets.TRUNK:
+        if t.dtype not in sums:
+            continue
+        if t.ratio.startswith("routed / einsum"):
+            ratio = sums[t.dtype]["routed"] / sums[t.dtype]["einsum"]
+        elif "float32" in sums:  # the routed bfloat16 time over the routed float32 time
+            ratio = sums[t.dtype]["routed"] / sums["float32"]["routed"]
+        else:
+            continue
+        verdict = "met" if ratio <= t.at_most else "MISSED"  # sums of medians: no spread
+        held.append({"target": t.name, "ratio": ratio, "at_most": t.at_most, "verdict": verdict})
+    return sums | {"targets": held}
+
+
+def _add_to(sums: dict, dtype: str, times: dict, layers: int) -> None:
+    into = sums.setdefault(dtype, {"routed": 0.0, "einsum": 0.0, "layers": 0})
+    into["routed"] += times["routed"]
+    into["einsum"] += times["einsum"]
+    into["layers"] += layers
+
+
+def print_trunk(trunk: dict, batch: int) -> None:
+    """The layers' times added up per dtype, and the :data:`~fovi_ref.check.bench.targets.TRUNK`
+    targets (a sum of medians: no spread, so met or MISSED)."""
+    where = f"K > 1 at batch {batch}, conv1 at 16, K = 1 at batch {batch}"
+    print(f"\nevery layer's median time added up ({where}):")
+    for dtype in (d for d in trunk if d != "targets"):
+        routed, einsum = trunk[dtype]["routed"], trunk[dtype]["einsum"]
+        print(f"  {dtype:<9} routed {routed:9.1f} ms  fovi einsum {einsum:9.1f} ms")
+    for t in trunk["targets"]:
+        print(f"  {t['target']:<58} {t['ratio']:5.2f} <= {t['at_most']}  {t['verdict']}")
 
 
 def write_set(out: Path, writers: dict) -> None:
@@ -300,9 +355,12 @@ def print_summary(rows: list[dict]) -> None:
 
 
 def print_downsample_table(rows: list[dict]) -> None:
-    einsum, conv2d, small, big = (t.at_most for t in targets.LAYERS[:4])
-    print(f"\nK = 1 layers (float32 targets: /einsum <= {einsum}, /conv2d <= {conv2d}, "
-          f"/gemm floor <= {small} below batch 256, else {big})")  # fmt: skip
+    conv2d = targets.limit("gather_gemm / conv2d floor")
+    small = targets.limit("gather_gemm / gemm floor, batch < 256")
+    big = targets.limit("gather_gemm / gemm floor, batch >= 256")
+    einsum = targets.limit("gather_gemm / einsum (fovi), bfloat16")
+    print(f"\nK = 1 layers (float32 targets: /conv2d <= {conv2d}, /gemm floor <= {small} below "
+          f"batch 256, else {big}; bfloat16: /einsum <= {einsum})")  # fmt: skip
     print(
         f"{'layer':<11}{'dtype':<9}{'batch':>6}{'gg ms':>8}{'/einsum':>11}{'/conv2d':>11}"
         f"{'/gemm fl':>11}{'/general':>11}{'op/direct':>11}{'verdict':>9}"
@@ -325,9 +383,13 @@ def print_downsample_table(rows: list[dict]) -> None:
 
 
 def print_general_table(rows: list[dict]) -> None:
-    time, floor, memory = (t.at_most for t in targets.LAYERS[4:])
-    print(f"\nK > 1 layers (float32 targets: {', '.join(targets.FLOOR_HELD)} /floor <= {floor}; "
-          f"others time <= {time}; memory <= {memory} everywhere)")  # fmt: skip
+    time = targets.limit("general / einsum time, other K > 1 layers")
+    floor = targets.limit(f"general / gemm floor, {', '.join(targets.FLOOR_HELD)}")
+    memory = targets.limit("general / einsum peak memory")
+    time_16 = targets.limit("general / einsum time, bfloat16")
+    held = ", ".join(targets.FLOOR_HELD)
+    print(f"\nK > 1 layers (float32 targets: {held} /floor <= {floor}; others time <= {time};")
+    print(f"memory <= {memory} everywhere; bfloat16: time <= {time_16})")
     print("time = general / einsum; floor = the three GEMMs of the layer alone / einsum, each")
     print("the faster of dense and one GEMM per occupied cell (no implementation that runs those")
     print("products can have a time below it); /floor = time / floor; /dense = time / the floor")
