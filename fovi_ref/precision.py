@@ -21,6 +21,13 @@ says where each entry comes from. ``python -m fovi_ref bench --gemm-dtypes`` tim
 dtype on this machine and writes a record; ``tests/test_precision.py`` holds every entry of the
 recorded platform to it. Entries no machine here has measured are marked derived.
 
+**What torch gives** (checked in ``tests/test_precision.py`` and ``tests/test_tolerances.py``):
+on a CPU, ``mm``, ``addmm``, ``matmul``, ``bmm``, ``F.linear`` and ``einsum`` of 16-bit operands
+accumulate in float32 and return 16 bits, and none returns its float32 accumulator
+(``torch.mm(..., out_dtype=torch.float32)`` is refused there; it exists for CUDA). So a 16-bit
+product is rounded once as it is returned, and a narrow path must not add such products up
+further: :mod:`fovi_ref.strategies.occupied_cells` runs wide for that reason.
+
 **float16 cells past 65504.** A cell sum that float16 cannot hold would be stored as inf, making
 ``y`` inf where the exact answer is finite (a small weight can bring it back into range). A narrow
 float16 call whose binned cells exceed the largest float16 therefore keeps them in float32 and runs

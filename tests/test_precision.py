@@ -186,3 +186,39 @@ def test_bfloat16_takes_float32s_strategy_where_it_runs_wide_and_never_occupied_
                     else:
                         assert ours != "occupied_cells"
     assert ("wide", "occupied_cells") in chosen  # so the narrow assertion means something
+
+
+# ------------------------------------------------- which torch products give what, checked
+@pytest.mark.parametrize("dtype", SIXTEEN_BIT, ids=dtype_name)
+def test_cpu_products_of_16_bit_operands_return_16_bits_and_no_float32_result(dtype):
+    """What the narrow path can rely on here: a 16-bit product returns 16 bits (its float32
+    accumulation is checked in tests/test_tolerances.py), and no CPU product hands back its
+    float32 accumulator: ``out_dtype=torch.float32`` is refused (it exists for CUDA). So a
+    16-bit result that must be summed further (occupied cells' per-cell products) cannot stay
+    in float32 on a narrow CPU path."""
+    a = torch.randn(8, 16).to(dtype)
+    b = torch.randn(16, 4).to(dtype)
+    bias = torch.randn(4).to(dtype)
+    products = {
+        "mm": torch.mm(a, b),
+        "addmm": torch.addmm(bias, a, b),
+        "matmul": a @ b,
+        "bmm": torch.bmm(a[None], b[None]),
+        "linear": F.linear(a, b.t(), bias),
+        "einsum": torch.einsum("ij,jk->ik", a, b),
+    }
+    assert {name: p.dtype for name, p in products.items()} == dict.fromkeys(products, dtype)
+    with pytest.raises((NotImplementedError, RuntimeError, TypeError)):
+        torch.mm(a, b, out_dtype=torch.float32)
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", SIXTEEN_BIT, ids=dtype_name)
+def test_cuda_mm_can_return_its_float32_accumulator(dtype):
+    a = torch.randn(64, 4096, device="cuda").to(dtype)
+    b = torch.ones(4096, 1, device="cuda", dtype=dtype)
+    got = torch.mm(a, b, out_dtype=torch.float32)
+    assert got.dtype == torch.float32
+    exact = a.double().sum(dim=1, keepdim=True)
+    magnitude = float(a.double().abs().sum(dim=1).max())  # float32 accumulation: gamma_N(u32) M
+    assert float((got.double() - exact).abs().max()) <= 4097 * 2.0**-24 * magnitude

@@ -13,6 +13,7 @@ from conftest import FUSED_BIAS_BACKENDS
 from fovi_ref import KNNMeta, get_ops, knn_conv
 from fovi_ref.check.check_ops import random_meta
 from fovi_ref.check.magnitude import (
+    binned_cells,
     knn_conv_magnitude,
     knn_conv_term_counts,
     oracle_quantities,
@@ -440,3 +441,38 @@ def test_the_store_allowance_is_replaced_by_h_1_exactly_where_it_reaches_the_mag
     assert want.any() and not want.all()
     assert torch.equal(vacuous_stores(expected, dtype), want)
     assert not vacuous_stores(expected, torch.float32).any()
+
+
+# --------------------------------------------------------------- one store, relative to |z|
+def test_binned_cells_follow_their_definition():
+    meta = random_meta(5, 3, n_in=12, n_out=7, in_channels=2, seed=3)
+    x = torch.randn(2, 2, 12, dtype=torch.float64)
+    z = binned_cells(x, meta)  # [B, Cin, V, Nout]
+    want = torch.zeros_like(z)
+    for n in range(meta.n_out):
+        for k in range(meta.k):
+            if not meta.pad_mask[k, n]:
+                want[:, :, meta.rf_index[n, k], n] += x[:, :, meta.knn[k, n]]
+    assert torch.allclose(z, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=str)
+def test_the_store_of_a_cell_is_allowed_relative_to_the_cell_not_its_terms(dtype):
+    """One node, one cell of three neighbours holding A, s and -A: the one store the rule
+    allows is u |s| (the cell's value), not u (2A + s) (its terms). A cell summed in the working
+    dtype loses s entirely and fails; summed in float32 and stored once, it passes."""
+    u = UNIT_ROUNDOFF[dtype]
+    knn = torch.tensor([[0], [1], [2]])  # node 0 reads inputs 0, 1, 2, all in cell 0
+    meta = KNNMeta.from_knn(knn, torch.zeros(1, 3, dtype=torch.int64), n_in=3, in_channels=1, v=1)
+    big, s = 2 / u, 0.75
+    x = torch.tensor([[[big, s, -big]]], dtype=dtype)
+    w = torch.ones(1, 1, dtype=dtype)
+    gy = torch.ones(1, 1, 1, dtype=dtype)
+    expected = expected_quantities(x, w, None, meta, gy)
+    assert float(expected["y"].stored) == s
+    assert float(expected["grad_weight"].stored) == s
+    in_dtype = (x[0, 0, 0] + x[0, 0, 1] + x[0, 0, 2]).reshape(1, 1, 1)  # one rounding per add
+    once = x.float().sum(dim=2, keepdim=True).to(dtype)  # float32 sum, stored once
+    assert float(in_dtype) == 0.0
+    assert not judge_elementwise(in_dtype, expected["y"]).ok
+    assert judge_elementwise(once, expected["y"]).ok

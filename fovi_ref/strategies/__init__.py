@@ -17,14 +17,19 @@ strategy            what changes                                       when (in 
 ==================  =================================================  =======================
 
 The choice is a pure function of the graph, the batch, the dtype and the device, and so is the
-result:
-the same call always runs the same sums in the same order. Each strategy is held to the
+result: the same call always runs the same sums in the same order. Each strategy is held to the
 textbook by ``tests/test_strategies.py``: bit for bit where its sums run in the same order (node
 rows, channel blocks, few columns: their segment sums), by the elementwise error rule (every
 quantity, every strategy). Every threshold is a named constant of its strategy's module, with
 its unit; ``python -m fovi_ref bench --strategies`` times each strategy forced on and off on
 both sides of its threshold, prints :func:`choose_strategy` for res18's layers, and writes a
 record; ``tests/test_strategies.py`` fails when a constant disagrees with the stored one.
+
+**16 bits.** Where a 16-bit call's GEMMs run wide (:mod:`fovi_ref.precision`), it runs the same
+GEMMs on the same float32 ``grad_z`` as a float32 call, and gets float32's choice
+(``tests/test_precision.py`` checks it on res18); the thresholds' record is float32's. Where they
+run narrow, occupied cells is left out (its forward must run wide), and the other thresholds are
+float32's, not yet measured on a machine with narrow GEMMs.
 
 Derived data (:func:`derive`) holds the plans of the strategies a graph can reach, and no other.
 """
@@ -38,7 +43,7 @@ import torch
 
 import fovi_ref.knn_general as textbook
 from fovi_ref.meta import Derived, KNNMeta
-from fovi_ref.precision import gemm_dtype
+from fovi_ref.precision import SIXTEEN_BIT, gemm_dtype
 from fovi_ref.strategies import channel_blocks, few_columns, node_rows, occupied_cells
 
 __all__ = [
@@ -83,8 +88,8 @@ def choose_strategy(
     """THE choice: the strategy ``batch`` samples of ``dtype`` over ``meta`` get on ``device``.
     ``data`` is the graph's derived data (:func:`derive`), for the pair count."""
     pairs = occupied_cells.pair_count(data)
-    acc = gemm_dtype(device, dtype)  # the GEMMs' dtype: grad_z's, and narrow or wide
-    wide = acc.itemsize >= 4
+    acc = gemm_dtype(device, dtype)  # the GEMMs' dtype, and so grad_z's
+    wide = acc not in SIXTEEN_BIT  # float32 GEMMs (occupied cells' forward needs them)
     if wide and occupied_cells.applies(meta, data, batch):
         est = occupied_cells.estimate(meta, pairs, batch)
         why = f"estimate {est:.2f} <= CELLS_AT_MOST {occupied_cells.CELLS_AT_MOST}"
