@@ -5,7 +5,7 @@
     python -m fovi_ref verify --fovi   # fovi 2.4.0's own backends, judged by the same rule
     python -m fovi_ref verify --fovi-model mymodels:small_net   # the same on your own fovi model
     python -m fovi_ref bench  [--device cuda] [--dtypes bfloat16] [--batch 64 256] [--repeats 15]
-    python -m fovi_ref check my_backend.py:MyOps [--full]   # judge your own backend
+    python -m fovi_ref check my_backend.py:MyOps [--full] [--device cuda]   # your own backend
 
 ``verify`` exits non-zero if any check fails; ``verify --fovi`` and ``--fovi-model`` exit 0
 when every failure is a known finding about fovi, 1 on a new one (on any with ``--strict``).
@@ -20,13 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 from fovi_ref import DTYPES, dtype_name
 from fovi_ref.check import check_command, verify
 from fovi_ref.check.bench import boundary, fovi, hub, layers, network, scaling, strategies, targets
 from fovi_ref.check.fovi import verify as fovi_verify
-from fovi_ref.check.jobs import LOW_AND_SINGLE, layer_names
+from fovi_ref.check.jobs import DEVICE_HELP, LOW_AND_SINGLE, device_argument, layer_names
 
 
 def _positive(text: str) -> int:
@@ -38,19 +36,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
-
-
-def _device(text: str) -> str:
-    """A torch device this machine has."""
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"not a torch device: {text!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text!r}: no CUDA GPU is available here")
-    if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"{text!r}: choose cpu or cuda")
-    return text
 
 
 def _check_before_running(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -176,9 +161,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m fovi_ref", description=DESCRIPTION, formatter_class=_HelpFormatter
     )
     p.add_argument("--out", help="folder the result files are written to (default: results)")
-    p.add_argument(
-        "--device", type=_device, help="torch device to run on: cpu or cuda (default: cpu)"
-    )
+    p.add_argument("--device", type=device_argument, help=f"{DEVICE_HELP} (default: cpu)")
     sub = p.add_subparsers(dest="command", title="subcommands", metavar="{verify,bench,check}")
     v = sub.add_parser(
         "verify",
@@ -303,9 +286,9 @@ def parser() -> argparse.ArgumentParser:
         )
         sp.add_argument(
             "--device",
-            type=_device,
+            type=device_argument,
             default=argparse.SUPPRESS,
-            help="as the top-level --device (default: cpu)",
+            help=f"{DEVICE_HELP} (default: cpu)",
         )
     return p
 
