@@ -141,10 +141,12 @@ straddles the target), invalid (a time below the GEMM floor: measured again, nev
 # is an error, not silently ignored. Defaults are filled in after that check.
 DEFAULTS = {"out": "results", "device": "cpu", "dtypes": None, "dtype": list(LOW_AND_SINGLE),
             "batch": None, "batch_general": 64, "repeats": 15, "layers": None,
-            "fovi_model": None, "strict": None}  # fmt: skip
+            "fovi_model": None, "strict": None, "machine_finding": None}  # fmt: skip
+FOVI_OPTIONS = ("fovi_model", "strict", "machine_finding")
+"""The options only ``verify --fovi`` (and ``--fovi-model``) honours."""
 JOBS = {
     ("verify", "oracle"): ("out", "device", "dtypes", "batch", "layers"),
-    ("verify", "fovi"): ("out", "device", "dtypes", "batch", "layers", "fovi_model", "strict"),
+    ("verify", "fovi"): ("out", "device", "dtypes", "batch", "layers", *FOVI_OPTIONS),
     ("bench", "layers"): ("out", "device", "dtype", "batch", "batch_general", "repeats", "layers"),
     ("bench", "boundary"): (),
     ("bench", "fovi"): ("out", "device", "dtype", "batch_general", "repeats", "layers"),
@@ -197,6 +199,14 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="with --fovi or --fovi-model: exit 1 on any FAIL, known findings about fovi "
         "included (without it they exit 0)",
+    )
+    v.add_argument(
+        "--no-machine-finding",
+        dest="machine_finding",
+        action="store_false",
+        default=None,
+        help="with --fovi: skip comparing fovi's graphs built under two CPU arithmetic settings "
+        "(a fact about the CPU, not the device: minutes on 2 cores; scripts/gpu_check.sh skips it)",
     )
     v.add_argument(
         "--layers",
@@ -301,7 +311,7 @@ def _subparser(p: argparse.ArgumentParser, command: str | None) -> argparse.Argu
     return p
 
 
-FLAGS = {"dtype": "--dtypes"}
+FLAGS = {"dtype": "--dtypes", "machine_finding": "--no-machine-finding"}
 """Options whose flag is not their key spelled with dashes (one spelling across subcommands)."""
 
 

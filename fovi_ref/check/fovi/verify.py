@@ -578,9 +578,13 @@ def run_fovi(args) -> int:
         record["model"], name = spec, "verify_fovi_model.json"
         print(f"\n{MODEL_GRAPHS_NOTE}")
     else:  # Graphs are built on the CPU whatever the device, so this finding is the CPU's.
-        finding = machine_finding()
-        print(f"\n{finding.summary()}")
-        record["machine_finding"] = finding_record(finding)
+        if getattr(args, "machine_finding", True) is False:  # --no-machine-finding
+            print("\nfovi's graphs under two CPU arithmetic settings: not compared (asked not to)")
+            record["machine_finding"] = None
+        else:
+            finding = machine_finding()
+            print(f"\n{finding.summary()}")
+            record["machine_finding"] = finding_record(finding)
         overflow = overflow_finding(device)
         print(f"\n{overflow.summary()}")
         record["overflow_finding"] = {**vars(overflow), "overflowing": overflow.overflowing}
