@@ -17,7 +17,7 @@ the switches it was reached under:
 
 :func:`arithmetic_settings` reads them all (with the device and its name); every report of the
 harness (``check``, ``verify``, ``verify --fovi``, ``bench``) stores that dict and prints
-:func:`describe`'s line. :func:`verdict_arithmetic` is the context in which the harness *judges*:
+:func:`describe`'s lines. :func:`verdict_arithmetic` is the context in which the harness *judges*:
 it turns off every switch that breaks the error analysis of :mod:`fovi_ref.check.tolerances`
 (its section "CUDA math settings" says why each one) and restores them on exit. The bench does
 not use it: it times what a user gets, under whatever settings are in force, and records them.
@@ -29,6 +29,7 @@ A switch that the installed torch does not have reads as ``None`` and is left al
 from __future__ import annotations
 
 import platform
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -79,8 +80,9 @@ def arithmetic_settings(device: torch.device | str = "cpu") -> dict:
 
 
 def describe(settings: dict) -> str:
-    """One line for a report's header, ``arithmetic: cuda (NVIDIA H200, 16 CPU threads), torch
-    ...; matmul precision highest, ...`` (the switches this torch lacks are left out)."""
+    """A report's header, ``arithmetic: cuda (NVIDIA H200, 16 CPU threads), torch ...; matmul
+    precision highest, ...`` (the switches this torch lacks left out), wrapped within 100
+    columns as every printed table is."""
     on_off = {True: "on", False: "off"}
     parts = [
         f"matmul precision {settings['matmul_precision']}",
@@ -98,7 +100,7 @@ def describe(settings: dict) -> str:
         f"arithmetic: {settings['device']} ({settings['device_name']}, "
         f"{settings['threads']} CPU threads), torch {settings['torch']}"
     )
-    return head + "; " + ", ".join(parts)
+    return textwrap.fill(head + "; " + ", ".join(parts), width=100, subsequent_indent="  ")
 
 
 @contextmanager

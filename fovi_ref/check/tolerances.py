@@ -182,7 +182,7 @@ Hence the harness does not widen the rule: it **judges under settings it sets an
 ``"highest"``, cuDNN TF32 off, both reduced-precision reductions off and float16 accumulation off,
 and restores the previous values on exit; every report stores
 :func:`~fovi_ref.check.arithmetic.arithmetic_settings` (and prints
-:func:`~fovi_ref.check.arithmetic.describe`'s line), so a verdict says what arithmetic it was
+:func:`~fovi_ref.check.arithmetic.describe`'s lines), so a verdict says what arithmetic it was
 reached under. A backend judged PASS this way is correct in that arithmetic; a user who turns the
 switches on gets faster GEMMs whose 16-bit results may be off by the ``gamma_s(u) M`` above.
 Deterministic algorithms change the order of additions, not the bound, and are only recorded.
