@@ -90,6 +90,9 @@ error analysis of a sum of products (fovi_ref/check/tolerances.py), which holds 
 Table: one row per layer and backend; per dtype a cell "PASS 0.35" gives the verdict of the
 worst of the four quantities and its worst element's error as a fraction of its bound (at most
 1 passes).
+The header names the device and the arithmetic the verdicts were reached under: TF32 and
+cuBLAS's 16-bit reduced-precision reductions are turned off while judging and restored after
+(why: fovi_ref/check/tolerances.py, "CUDA math settings"); verify.json records the same.
 Writes OUT/verify.json. Exits 1 if any check fails, else 0.
 
 With --fovi: the same for fovi 2.4.0, the release users install from PyPI: every fovi backend
@@ -134,7 +137,9 @@ Writes OUT/bench.json, bench.csv and bench.png.
 Each ratio prints as median ± half its interquartile range over the rounds; rounds are added
 until every target ratio's IQR is within 10% of its median or a time cap is reached (the tables
 say which). Verdicts: met (the IQR at or below the target), MISSED '!' (above), unsure '?' (it
-straddles the target), invalid (a time below the GEMM floor: measured again, never printed)."""
+straddles the target), invalid (a time below the GEMM floor: measured again, never printed).
+The header and bench.json name the device and the math settings in force (matmul precision,
+TF32, cuBLAS's 16-bit reductions): the bench times what a user gets and changes none of them."""
 
 
 # The jobs, and the options each one honours; an option given to a job that does not honour it
