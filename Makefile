@@ -6,7 +6,8 @@ TORCH_INDEX ?=
 # JupyterLab refuses to start as root (in a container, say) without --allow-root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: venv test notebooks lab render lint format bench verify properties mutations adversarial
+.PHONY: venv test notebooks lab render lint format bench verify properties mutations adversarial \
+	gpu-wheels gpu-dry-run
 
 venv:            ## .venv with the pinned torch, the dev tools and the onnx extra
 	python3.11 -m venv .venv
@@ -47,6 +48,18 @@ mutations:       ## plant known bugs in a backend and show which checks catch th
 
 adversarial:     ## odd and invalid inputs at the public API, results judged by the oracle's rule
 	$(PY) scripts/adversarial.py
+
+# The lent GPU machine has Python 3.12 and torch 2.11 but no package registry: it gets the rest as
+# wheels carried with the working tree (64 MiB in all), which scripts/gpu_check.sh installs.
+gpu-wheels:      ## .whl/ (git-ignored): fovi_ref's wheel and scripts/gpu-requirements.txt's, for Python 3.12
+	rm -rf .whl && mkdir .whl
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w .whl .
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux2014_x86_64 -d .whl -r scripts/gpu-requirements.txt
+	du -sh .whl
+
+gpu-dry-run:     ## every step of scripts/gpu_check.sh on the CPU with tiny sizes, no install (CI runs it)
+	PYTHON=$(PY) bash scripts/gpu_check.sh --dry-run results/gpu-dry-run
 
 lint:
 	$(PY) -m ruff check fovi_ref tests notebooks scripts

@@ -46,16 +46,30 @@ from fovi_ref.meta import Derived, KNNMeta
 from fovi_ref.precision import gemm_dtype
 from fovi_ref.segment_sum import accumulation_dtype
 
-__all__ = ["DENSE_S_BUDGET", "GatherGemmOps", "derive", "gather_gemm_applies", "uses_dense_scatter"]
+__all__ = [
+    "DENSE_S_BUDGET",
+    "DENSE_S_BUDGET_SOURCE",
+    "GatherGemmOps",
+    "derive",
+    "gather_gemm_applies",
+    "uses_dense_scatter",
+]
 
 NAME = "gather_gemm"
 
-# Largest Nout*Nin for which grad_input multiplies by the dense S. CPU: 0, the sweep stored in
-# notebook 03 finds the dense path faster beyond the noise band at no size (tests/test_notebook_
-# claims.py holds the two together). CUDA: unmeasured; 2**20 (4 MiB) keeps res18's three S dense.
-DENSE_S_BUDGET: dict[str, int] = {"cpu": 0, "cuda": 2**20}
+# Largest Nout*Nin for which grad_input multiplies by the dense S, per device type; where each
+# value comes from is DENSE_S_BUDGET_SOURCE, and tests/test_notebook_claims.py holds each to it.
+# CPU: 0, the sweep stored in notebook 03 finds the dense path faster beyond the noise band at no
+# size. CUDA: not measured yet; the largest size at which notebook 03's model of an H200 (its
+# datasheet's bandwidth and GEMM rate, and a kernel-launch cost) has the dense path no slower.
+DENSE_S_BUDGET: dict[str, int] = {"cpu": 0, "cuda": 99856}
+DENSE_S_BUDGET_SOURCE: dict[str, str] = {
+    "cpu": "measured: notebook 03 sweep",
+    "cuda": "derived: notebook 03 model, unmeasured",
+}
 S_MAX_ELEMENTS = 2**20
-"""``S`` is derived (and kept) only for graphs up to this size, the largest budget above."""
+"""``S`` is derived (and kept) only for graphs up to this size: the largest size notebook 03
+sweeps, so no budget above it could be measured."""
 
 
 def gather_gemm_applies(k: int, v: int) -> bool:

@@ -7,6 +7,7 @@ import re
 import textwrap
 
 import pytest
+from conftest import DEVICES
 
 from fovi_ref.check.cli import main
 
@@ -74,3 +75,32 @@ def test_the_protocol_is_checked_first_and_a_bad_object_exits_2(capsys, backend_
     assert "has no 'Missing'" in capsys.readouterr().out
     assert main(["check", "no_such_backend"]) == 2
     assert "expected FILE.py:NAME or MODULE:NAME" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------- --device
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_runs_the_battery_there_and_the_report_names_its_arithmetic(
+    device, capsys, tmp_path
+):
+    """``--device`` puts the battery on that device; the header and the JSON name it, and the
+    verdicts were reached without TF32 or 16-bit split-K reductions (arithmetic.py)."""
+    out = tmp_path / "report.json"
+    args = ["check", "general", *QUICK, "--device", device, "--out", str(out)]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(
+        f"check 'general': protocol PASS; graphs nout_65, dtypes float64 on {device}"
+    )
+    assert f"arithmetic: {device} (" in text
+    arithmetic = json.loads(out.read_text())["arithmetic"]
+    assert arithmetic["device"] == device and arithmetic["matmul_precision"] == "highest"
+    assert arithmetic["bf16_reduced_precision_reduction"] in (False, None)
+    assert main(["--device", device, "check", "general", *QUICK]) == 0  # the top-level spelling
+    assert f"dtypes float64 on {device}" in capsys.readouterr().out
+
+
+def test_device_refuses_a_device_this_machine_lacks(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check", "general", "--device", "mps"])
+    assert exit_info.value.code == 2
+    assert "choose cpu or cuda" in capsys.readouterr().err

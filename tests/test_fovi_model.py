@@ -3,6 +3,7 @@ table and findings of ``verify --fovi`` for every KNNConvLayer of a user's model
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -188,3 +189,17 @@ def test_exit_status_counts_only_failures_no_reproducer_explains():
     # The same quantity on fovi's own baseline has no reproducer either: new.
     baseline = replace(failed[0], backend="baseline")
     assert exit_status([baseline]) == 1
+
+
+def test_no_machine_finding_skips_the_cpu_graph_comparison(tmp_path, capsys):
+    """``--no-machine-finding`` (what scripts/gpu_check.sh runs on a GPU) judges fovi's layers as
+    before, records that the CPU graph comparison was not made, and only ``--fovi`` takes it."""
+    argv = ["--out", str(tmp_path), "verify", "--fovi", "--no-machine-finding",
+            "--layers", "res18_ds4", "--dtypes", "float32", "--batch", "1"]  # fmt: skip
+    assert cli_main(argv) == 0
+    assert "not compared (asked not to)" in capsys.readouterr().out
+    record = json.loads((tmp_path / "verify_fovi.json").read_text())
+    assert record["machine_finding"] is None and record["arithmetic"]["device"] == "cpu"
+    with pytest.raises(SystemExit):
+        cli_main(["verify", "--no-machine-finding", "--layers", "res18_ds4"])
+    assert "does not use --no-machine-finding" in capsys.readouterr().err

@@ -22,12 +22,16 @@ from fovi_ref.strategies import GeneralOps
 def test_verify_writes_results_and_passes(tmp_path, capsys):
     code = main(["--out", str(tmp_path), "verify", "--layers", "res18_ds4", "layer4.1.conv1"])
     assert code == 0
-    rows = json.loads((tmp_path / "verify.json").read_text())
+    record = json.loads((tmp_path / "verify.json").read_text())
+    assert record["arithmetic"]["device"] == "cpu"
+    assert record["arithmetic"]["matmul_precision"] == "highest"  # judged without TF32
+    rows = record["rows"]
     backends = {(r["layer"], r["backend"]) for r in rows}
     assert ("layer4.0.downsample.0", "gather_gemm") in backends
     assert ("layer4.1.conv1", "general") in backends
     assert all(r[d]["ok"] for r in rows for d in ("float32", "float16", "bfloat16"))
-    assert "passed, 0 failed" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "passed, 0 failed" in text and "arithmetic: cpu (" in text
 
 
 def test_verify_exit_code_reports_failures(tmp_path, monkeypatch):

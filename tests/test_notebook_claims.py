@@ -15,9 +15,10 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from fovi_ref.check.bench import budget
-from fovi_ref.knn_gather_gemm import DENSE_S_BUDGET
+from fovi_ref.knn_gather_gemm import DENSE_S_BUDGET, DENSE_S_BUDGET_SOURCE
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 BUDGET_NOTEBOOK = NOTEBOOKS / "03_scatter_matrix_budget.ipynb"
@@ -30,12 +31,10 @@ def notebook_paths() -> list[Path]:
 
 def stored_record(path: Path, kind: str) -> dict:
     """The ``application/json`` output whose ``kind`` is ``kind`` in a stored notebook."""
-    for cell in json.loads(path.read_text())["cells"]:
-        for output in cell.get("outputs", []):
-            data = output.get("data", {}).get("application/json")
-            if isinstance(data, dict) and data.get("kind") == kind:
-                return data
-    raise AssertionError(f"{path.name} stores no {kind!r} record: execute it (make notebooks)")
+    try:
+        return budget.notebook_record(path, kind)
+    except ValueError as err:
+        raise AssertionError(f"{err} (make notebooks)") from None
 
 
 # ------------------------------------------------------------------------ DENSE_S_BUDGET
@@ -55,6 +54,35 @@ def test_dense_s_budget_agrees_with_the_stored_sweep():
         f"{BUDGET_NOTEBOOK.name} (noise band {band:.0%}, derived budget {derived}) at "
         + ", ".join(f"Nout*Nin = {p.size} (measured {v} faster)" for p, v in wrong)
     )
+
+
+def test_the_cuda_budget_is_the_models_until_a_cuda_sweep_is_stored():
+    """``DENSE_S_BUDGET["cuda"]`` is derived, not measured: it equals the budget notebook 03's
+    model predicts for an H200, and says so, until scripts/gpu_check.sh's record of a CUDA sweep
+    is stored at ``budget.CUDA_RECORD``; from then on it equals that sweep's budget."""
+    if budget.CUDA_RECORD.exists():
+        record = json.loads(budget.CUDA_RECORD.read_text())
+        assert record["device"] == "cuda"
+        sweep, _ = budget.from_record(record)
+        expected, source = budget.derive_budget(sweep, budget.noise_band(sweep)), "measured"
+    else:
+        expected, source = budget.model_budget(), "derived"
+    assert DENSE_S_BUDGET["cuda"] == expected
+    assert DENSE_S_BUDGET_SOURCE["cuda"].startswith(source)
+    assert DENSE_S_BUDGET_SOURCE["cpu"].startswith("measured")
+
+
+def test_the_model_budget_moves_with_its_ceilings():
+    """The model can fail: a slower launch favours the one-kernel dense path, a slower GEMM the
+    index path, and a model whose dense path never wins gives 0."""
+    h200 = budget.H200
+    base = budget.model_budget(h200)
+    slow_launch = budget.Roofline("slow launch", h200.bandwidth, h200.rates, 10 * h200.launch)
+    slow_gemm = budget.Roofline("slow GEMM", h200.bandwidth, {torch.float32: 1e9}, h200.launch)
+    no_launch = budget.Roofline("no launch cost", h200.bandwidth, {torch.float32: 1e9}, 0.0)
+    assert 0 < base < budget.S_MAX_ELEMENTS
+    assert budget.model_budget(slow_launch) > base > budget.model_budget(slow_gemm)
+    assert budget.model_budget(no_launch) == 0
 
 
 def test_the_stored_sweep_is_a_usable_measurement():

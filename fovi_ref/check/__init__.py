@@ -7,6 +7,8 @@ It reaches the op only through the op's public names; the op never imports it.
 - :mod:`~fovi_ref.check.protocol`: the backend protocol checked and policed from outside.
 - :mod:`~fovi_ref.check.magnitude`, :mod:`~fovi_ref.check.tolerances`: what "close enough to the
   float64 oracle" means, element by element.
+- :mod:`~fovi_ref.check.arithmetic`: the device and math settings (TF32, cuBLAS's 16-bit
+  reductions) a verdict is reached under, read for every report and set while judging.
 - :mod:`~fovi_ref.check.graphs`, :mod:`~fovi_ref.check.check_ops`: the conformance battery for
   any ops object, and the graphs it spans; :mod:`~fovi_ref.check.check_command`: the same from
   a shell, ``python -m fovi_ref check FILE.py:OBJECT``.

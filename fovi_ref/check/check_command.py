@@ -3,13 +3,16 @@
     python -m fovi_ref check my_backend.py:MyOps          # a file and the object in it
     python -m fovi_ref check mypackage.kernels:MyOps      # an importable module
     python -m fovi_ref check general --full               # a registered backend, everything
+    python -m fovi_ref check my_backend.py:MyOps --device cuda   # a CUDA kernel, on the GPU
 
 The object must follow the backend protocol of :mod:`fovi_ref.knn_autograd`; it is checked
 first (:func:`fovi_ref.check.protocol.check_protocol`), then the battery of
 :func:`fovi_ref.check.check_ops.check_ops` runs. The output is one line saying what will run,
 the failing rows (each with its worst element and the ``check_ops`` call that replays it), a
-count per check and a verdict. Exit status: 0 when every row passes, 1 on a FAIL or when the
-object does not follow the protocol, 2 when it cannot be loaded.
+count per check, the arithmetic the verdicts were reached under
+(:func:`fovi_ref.check.arithmetic.describe`) and a verdict. Exit status: 0 when every row
+passes, 1 on a FAIL or when the object does not follow the protocol, 2 when it cannot be
+loaded.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from fovi_ref import DTYPES, available_ops, get_ops
+from fovi_ref.check.arithmetic import describe
 from fovi_ref.check.check_ops import CHECKS, DEFAULT, FULL, OpsReport, check_ops
+from fovi_ref.check.jobs import DEVICE_HELP, device_argument
 from fovi_ref.check.protocol import check_protocol
 
 __all__ = ["DESCRIPTION", "add_parser", "load_object", "run"]
@@ -51,6 +56,11 @@ Cin, Cout and batch at 1 and around 32, 64, 128; K up to 40; V past 16; inputs r
 {DEFAULT_SECONDS} s on 2 cores for a plain-PyTorch backend. --full adds the random graphs and
 a fovi-resnet18 layer of each kind (K=1, K=2/V=4, K=9/V=9): about {FULL_SECONDS // 60} min.
 --graphs res18 judges all 20 layers.
+
+--device cuda puts the graphs, the operands and the float64 oracle on the GPU. Verdicts are
+reached with TF32 and cuBLAS's 16-bit split-K reductions turned off (restored after; why:
+fovi_ref/check/tolerances.py, "CUDA math settings"); the report names the device and every
+such setting.
 
 A failing row gives the worst element's index and what the graph makes of it, its value, the
 oracle's and the bound, and a replay: the check_ops call that runs that case alone. Exits 0
@@ -92,6 +102,12 @@ def add_parser(sub: Any, formatter_class: type) -> argparse.ArgumentParser:
         choices=list(CHECKS),
         metavar="CHECK",
         help=f"checks to run, among {', '.join(CHECKS)}; all if omitted",
+    )
+    c.add_argument(
+        "--device",
+        type=device_argument,
+        default=argparse.SUPPRESS,
+        help=f"{DEVICE_HELP} (default: cpu)",
     )
     c.add_argument("--seed", type=int, default=0, help="seeds the graphs and the operands")
     c.add_argument("--out", metavar="FILE", help="also write the report as JSON to FILE")
@@ -166,15 +182,22 @@ def run(args: argparse.Namespace) -> int:
         obj = instance
     graphs = FULL if args.full else (args.graphs or DEFAULT)
     dtypes = [DTYPES[d] for d in args.dtypes] if args.dtypes else list(DTYPES.values())
+    device = getattr(args, "device", None) or "cpu"  # the subcommand's or the top-level option
     about = f"about {FULL_SECONDS // 60} min" if args.full else f"about {DEFAULT_SECONDS} s"
     if args.graphs and not args.full:
         about = "time depends on the graphs"
     print(f"check {obj.name!r}: protocol PASS; graphs {' '.join(graphs)}, dtypes "
-          f"{' '.join(d for d in DTYPES if DTYPES[d] in dtypes)} ({about} on 2 cores)")  # fmt: skip
+          f"{' '.join(d for d in DTYPES if DTYPES[d] in dtypes)} on {device} "
+          f"({about} on 2 CPU cores)")  # fmt: skip
     started = time.perf_counter()
     try:
         report = check_ops(
-            obj, graphs=graphs, dtypes=dtypes, checks=args.checks or CHECKS, seed=args.seed
+            obj,
+            graphs=graphs,
+            dtypes=dtypes,
+            checks=args.checks or CHECKS,
+            seed=args.seed,
+            device=device,
         )
     except (TypeError, ValueError) as err:
         print(f"check_ops refused the arguments: {err}")
@@ -182,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose or report.failures:
         print(report.table() if args.verbose else report.table(report.failures))
     print(_per_check(report))
+    print(describe(report.arithmetic))
     took = time.perf_counter() - started
     print(f"{report.summary()}: {'PASS' if report.ok else 'FAIL'} in {took:.0f} s")
     if args.out:

@@ -93,6 +93,7 @@ from fovi_ref import (
     register_ops,
     unregister_ops,
 )
+from fovi_ref.check.arithmetic import arithmetic_settings, verdict_arithmetic
 from fovi_ref.check.graphs import (
     RES18_SUBSET,
     SPANNING,
@@ -292,10 +293,13 @@ def _figure(value: float | None) -> str:
 
 @dataclass
 class OpsReport:
-    """What :func:`check_ops` found: ``rows``, ``ok``, ``failures``, a table as ``str()``."""
+    """What :func:`check_ops` found: ``rows``, ``ok``, ``failures``, a table as ``str()``, and
+    the ``arithmetic`` they were judged under (:func:`~fovi_ref.check.arithmetic.
+    arithmetic_settings`: the device, its name and the math settings)."""
 
     ops_name: str
     rows: list[ReportRow] = field(default_factory=list)
+    arithmetic: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -341,7 +345,8 @@ class OpsReport:
             }
             for d in map(asdict, self.rows)
         ]
-        return json.dumps({"ops": self.ops_name, "ok": self.ok, "rows": rows}, indent=1)
+        record = {"ops": self.ops_name, "ok": self.ok, "arithmetic": self.arithmetic}
+        return json.dumps(record | {"rows": rows}, indent=1)
 
 
 def _where(meta: KNNMeta, quantity: str, index: tuple[int, ...] | None) -> str:
@@ -746,7 +751,9 @@ def check_ops(
             ``.out_channels`` (a :class:`TestGraph`, a geometry ``LayerGraph``).
             :data:`FULL` is the full battery.
         dtypes: the dtypes to run in (gradcheck runs when float64 is among them).
-        device: where the graphs and operands live.
+        device: where the graphs, the operands and the float64 oracle live. The battery runs
+            under :func:`~fovi_ref.check.arithmetic.verdict_arithmetic` (no TF32, no 16-bit
+            split-K reductions; restored after), and the report records those settings.
         all_padding: the oracle's reading of all-padding nodes: ``"bias"`` (the formula) or
             ``"zero"`` (fovi 2.4.0's layer); see :mod:`fovi_ref.reference`.
         bias_rounding: ``"separate"`` allows ``W x`` to be rounded before the bias is added,
@@ -774,13 +781,16 @@ def check_ops(
     if not resolved:
         raise ValueError(f"graphs={graphs!r} names no graph: an empty battery judges nothing")
     options: dict[str, Any] = {"seed": seed}
+    if device.type != "cpu":
+        options["device"] = str(device)
     if batch != 3:
         options["batch"] = batch
     if all_padding != "bias":
         options["all_padding"] = all_padding
     if bias_rounding != "fused":
         options["bias_rounding"] = bias_rounding
-    with _registered(ops) as door:
+    with _registered(ops) as door, verdict_arithmetic():
+        report.arithmetic = arithmetic_settings(device)
         for graph in resolved:
             if supports is not None and not supports(graph.meta):
                 m = graph.meta

@@ -5,7 +5,7 @@
     python -m fovi_ref verify --fovi   # fovi 2.4.0's own backends, judged by the same rule
     python -m fovi_ref verify --fovi-model mymodels:small_net   # the same on your own fovi model
     python -m fovi_ref bench  [--device cuda] [--dtypes bfloat16] [--batch 64 256] [--repeats 15]
-    python -m fovi_ref check my_backend.py:MyOps [--full]   # judge your own backend
+    python -m fovi_ref check my_backend.py:MyOps [--full] [--device cuda]   # your own backend
 
 ``verify`` exits non-zero if any check fails; ``verify --fovi`` and ``--fovi-model`` exit 0
 when every failure is a known finding about fovi, 1 on a new one (on any with ``--strict``).
@@ -19,8 +19,6 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
-
-import torch
 
 from fovi_ref import DTYPES, dtype_name
 from fovi_ref.check import check_command, verify
@@ -36,7 +34,7 @@ from fovi_ref.check.bench import (
     targets,
 )
 from fovi_ref.check.fovi import verify as fovi_verify
-from fovi_ref.check.jobs import LOW_AND_SINGLE, layer_names
+from fovi_ref.check.jobs import DEVICE_HELP, LOW_AND_SINGLE, device_argument, layer_names
 
 
 def _positive(text: str) -> int:
@@ -48,19 +46,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
-
-
-def _device(text: str) -> str:
-    """A torch device this machine has."""
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"not a torch device: {text!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text!r}: no CUDA GPU is available here")
-    if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"{text!r}: choose cpu or cuda")
-    return text
 
 
 def _check_before_running(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -115,6 +100,9 @@ error analysis of a sum of products (fovi_ref/check/tolerances.py), which holds 
 Table: one row per layer and backend; per dtype a cell "PASS 0.35" gives the verdict of the
 worst of the four quantities and its worst element's error as a fraction of its bound (at most
 1 passes).
+The header names the device and the arithmetic the verdicts were reached under: TF32 and
+cuBLAS's 16-bit reduced-precision reductions are turned off while judging and restored after
+(why: fovi_ref/check/tolerances.py, "CUDA math settings"); verify.json records the same.
 Writes OUT/verify.json. Exits 1 if any check fails, else 0.
 
 With --fovi: the same for fovi 2.4.0, the release users install from PyPI: every fovi backend
@@ -161,17 +149,21 @@ Writes OUT/bench.json, bench.csv and bench.png.
 Each ratio prints as median ± half its interquartile range over the rounds; rounds are added
 until every target ratio's IQR is within 10% of its median or a time cap is reached (the tables
 say which). Verdicts: met (the IQR at or below the target), MISSED '!' (above), unsure '?' (it
-straddles the target), invalid (a time below the GEMM floor: measured again, never printed)."""
+straddles the target), invalid (a time below the GEMM floor: measured again, never printed).
+The header and bench.json name the device and the math settings in force (matmul precision,
+TF32, cuBLAS's 16-bit reductions): the bench times what a user gets and changes none of them."""
 
 
 # The jobs, and the options each one honours; an option given to a job that does not honour it
 # is an error, not silently ignored. Defaults are filled in after that check.
 DEFAULTS = {"out": "results", "device": "cpu", "dtypes": None, "dtype": list(LOW_AND_SINGLE),
             "batch": None, "batch_general": 64, "repeats": 15, "layers": None,
-            "fovi_model": None, "strict": None}  # fmt: skip
+            "fovi_model": None, "strict": None, "machine_finding": None}  # fmt: skip
+FOVI_OPTIONS = ("fovi_model", "strict", "machine_finding")
+"""The options only ``verify --fovi`` (and ``--fovi-model``) honours."""
 JOBS = {
     ("verify", "oracle"): ("out", "device", "dtypes", "batch", "layers"),
-    ("verify", "fovi"): ("out", "device", "dtypes", "batch", "layers", "fovi_model", "strict"),
+    ("verify", "fovi"): ("out", "device", "dtypes", "batch", "layers", *FOVI_OPTIONS),
     ("bench", "layers"): ("out", "device", "dtype", "batch", "batch_general", "repeats", "layers"),
     ("bench", "boundary"): (),
     ("bench", "fovi"): ("out", "device", "dtype", "batch_general", "repeats", "layers"),
@@ -189,9 +181,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m fovi_ref", description=DESCRIPTION, formatter_class=_HelpFormatter
     )
     p.add_argument("--out", help="folder the result files are written to (default: results)")
-    p.add_argument(
-        "--device", type=_device, help="torch device to run on: cpu or cuda (default: cpu)"
-    )
+    p.add_argument("--device", type=device_argument, help=f"{DEVICE_HELP} (default: cpu)")
     sub = p.add_subparsers(dest="command", title="subcommands", metavar="{verify,bench,check}")
     v = sub.add_parser(
         "verify",
@@ -227,6 +217,14 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="with --fovi or --fovi-model: exit 1 on any FAIL, known findings about fovi "
         "included (without it they exit 0)",
+    )
+    v.add_argument(
+        "--no-machine-finding",
+        dest="machine_finding",
+        action="store_false",
+        default=None,
+        help="with --fovi: skip comparing fovi's graphs built under two CPU arithmetic settings "
+        "(a fact about the CPU, not the device: minutes on 2 cores; scripts/gpu_check.sh skips it)",
     )
     v.add_argument(
         "--layers",
@@ -323,9 +321,9 @@ def parser() -> argparse.ArgumentParser:
         )
         sp.add_argument(
             "--device",
-            type=_device,
+            type=device_argument,
             default=argparse.SUPPRESS,
-            help="as the top-level --device (default: cpu)",
+            help=f"{DEVICE_HELP} (default: cpu)",
         )
     return p
 
@@ -338,7 +336,7 @@ def _subparser(p: argparse.ArgumentParser, command: str | None) -> argparse.Argu
     return p
 
 
-FLAGS = {"dtype": "--dtypes"}
+FLAGS = {"dtype": "--dtypes", "machine_finding": "--no-machine-finding"}
 """Options whose flag is not their key spelled with dashes (one spelling across subcommands)."""
 
 

@@ -170,6 +170,45 @@ its channel into nan, so that backend's ``grad_weight`` fails this check where `
 rule and its worst ratio is *reported* beside the backend's, not used for pass/fail: it shows
 how much of the bound a known-correct implementation uses, but one lucky baseline cannot make the
 rule stricter, nor an unlucky one looser.
+
+**CUDA math settings.** Steps 1 and 2 assume that a float32 GEMM multiplies float32 numbers and
+that a 16-bit GEMM accumulates in float32 and rounds its result once. On a CPU that is what
+PyTorch does. Under PyTorch's *default* CUDA settings it is not promised:
+
+- ``torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction`` and
+  ``allow_bf16_reduced_precision_reduction`` are on by default. They let cuBLAS run a 16-bit GEMM
+  split-K: the ``N`` terms are cut into ``s`` chunks, each chunk's float32 sum ``p_j`` is stored
+  in the 16-bit output dtype, and the ``s`` stored values are added. Each store costs up to
+  ``u |p_j|``, and ``|p_j|`` is bounded only by its chunk's magnitude, not by ``|ref|``. A term
+  then meets up to ``s`` roundings of ``u`` relative to ``M``: the error can reach
+  ``gamma_s(u) M``, where the rule allows ``u |ref| + gamma_N(u32) M``. Under cancellation
+  (``|ref| << M``) the first exceeds the second by about ``s u / (N u32)``: for bfloat16, ``s =
+  2`` and ``N = 1000`` terms, 128 times. So the rule does **not** hold for a GEMM under the
+  default settings. Widening it would need ``s``, which cuBLAS picks by shape and does not
+  document; the only bound that holds for every ``s <= N`` is ``gamma_N(u) M``, which for
+  bfloat16 is vacuous from ``N = 128`` (``gamma >= 1``, as in step 2 (c)) and would pass a
+  kernel that accumulates in 16 bits, the very defect the 16-bit rule exists to catch.
+- ``torch.get_float32_matmul_precision()`` is ``"highest"`` by default, but it is one global
+  setting, and ``"high"`` lets float32 GEMMs round their inputs to TF32 (``u = 2^-11``, an error of
+  about ``2^-10 |t|`` per product) or use bfloat16 pieces. That alone exceeds the float32 rule's
+  ``gamma_N(2^-24) M`` for every ``N`` below ``2^14`` (res18's longest ``y`` sum has 2,305
+  terms). ``torch.backends.cudnn.allow_tf32`` (on by default) does the same to
+  cuDNN's convolutions, and ``allow_fp16_accumulation`` (off by default) to float16 GEMMs'
+  accumulators (``gamma_N(2^-11) M``).
+
+Hence the harness does not widen the rule: it **judges under settings it sets and reports**.
+``check_ops``, ``verify`` and ``verify --fovi`` run inside
+:func:`fovi_ref.check.arithmetic.verdict_arithmetic`, which sets float32 matmul precision
+``"highest"``, cuDNN TF32 off, both reduced-precision reductions off and float16 accumulation off,
+and restores the previous values on exit; every report stores
+:func:`~fovi_ref.check.arithmetic.arithmetic_settings` (and prints
+:func:`~fovi_ref.check.arithmetic.describe`'s lines), so a verdict says what arithmetic it was
+reached under. A backend judged PASS this way is correct in that arithmetic; a user who turns the
+switches on gets faster GEMMs whose 16-bit results may be off by the ``gamma_s(u) M`` above.
+Deterministic algorithms change the order of additions, not the bound, and are only recorded.
+Whether fovi_ref's own 16-bit GEMMs meet the rule under cuBLAS's defaults as well (whether cuBLAS
+picks split-K at res18's shapes) is a measurement, not a derivation: ``scripts/gpu_check.sh``
+runs the CUDA tests and ``verify --device cuda`` under the settings above.
 """
 
 from __future__ import annotations

@@ -17,8 +17,11 @@ cell, a dropped neighbour, leaking padding or a misplaced gradient. A cell reads
 the largest ``|value - ref| / bound`` over every element of the four quantities: ``PASS 0.35``
 means every element passed and the worst used 35% of its bound; ``FAIL 1.80`` means some element
 exceeded its bound, the worst by 1.8 times. The last line counts passing and failing cells.
-``verify.json`` stores, per cell, that ratio, the quantity it came from, the largest absolute
-error, and the worst element's error and bound.
+``verify.json`` stores the arithmetic the verdicts were reached under
+(:func:`~fovi_ref.check.arithmetic.arithmetic_settings`, also the table's first line; verdicts
+are reached under :func:`~fovi_ref.check.arithmetic.verdict_arithmetic`), and per cell that
+ratio, the quantity it came from, the largest absolute error, and the worst element's error and
+bound.
 
 **Why 16-bit cells read PASS 0.9-1.0:** there the bound is essentially one rounding of the output,
 ``u |ref|``, and an implementation that accumulates in float32 and rounds its result once to
@@ -36,6 +39,7 @@ from pathlib import Path
 import torch
 
 from fovi_ref import DTYPES, KNNMeta, available_ops, dtype_name, get_ops, route
+from fovi_ref.check.arithmetic import arithmetic_settings, describe, verdict_arithmetic
 from fovi_ref.check.jobs import LOW_AND_SINGLE, layer_names, progress
 from fovi_ref.check.operands import QUANTITIES, forward_and_grads, sample_operands
 from fovi_ref.check.tolerances import BiasRounding, Verdict, expected_quantities, judge_elementwise
@@ -82,7 +86,8 @@ def verify_meta(
     elementwise against the float64 oracle; the baseline's ratio rides along in each verdict.
     ``bias_rounding="fused"`` demands that ``y`` round ``W x + b`` once (see
     :mod:`fovi_ref.check.tolerances`, step 2 (d)). A battery that would judge nothing (batch
-    0, no dtype) raises ``ValueError``, as :func:`~fovi_ref.check.check_ops.check_ops` does."""
+    0, no dtype) raises ``ValueError``, as :func:`~fovi_ref.check.check_ops.check_ops` does.
+    Runs under :func:`~fovi_ref.check.arithmetic.verdict_arithmetic`."""
     if not isinstance(meta, KNNMeta):
         raise TypeError(f"meta must be a fovi_ref.KNNMeta, got {type(meta).__name__}")
     if isinstance(out_channels, bool) or not isinstance(out_channels, numbers.Integral):
@@ -96,16 +101,19 @@ def verify_meta(
     if not dtypes or any(d not in DTYPES.values() for d in dtypes):
         raise ValueError(f"dtypes must be one or more of {list(DTYPES)}, got {tuple(dtypes)!r}")
     checks = []
-    for dtype in dtypes:
-        x, w, b, gy = sample_operands(meta, out_channels, batch=batch, seed=seed, dtype=dtype)
-        expected = expected_quantities(x, w, b, meta, gy, bias_rounding=bias_rounding)
-        baseline = forward_and_grads(x, w, b, meta, gy, BASELINE)
-        for backend in backends_for(meta):
-            same = backend == BASELINE
-            got = baseline if same else forward_and_grads(x, w, b, meta, gy, backend)
-            for quantity, value, base in zip(QUANTITIES, got, baseline, strict=True):
-                verdict = judge_elementwise(value, expected[quantity], dtype=dtype, baseline=base)
-                checks.append(Check(layer, backend, route(meta), dtype, quantity, verdict))
+    with verdict_arithmetic():
+        for dtype in dtypes:
+            x, w, b, gy = sample_operands(meta, out_channels, batch=batch, seed=seed, dtype=dtype)
+            expected = expected_quantities(x, w, b, meta, gy, bias_rounding=bias_rounding)
+            baseline = forward_and_grads(x, w, b, meta, gy, BASELINE)
+            for backend in backends_for(meta):
+                same = backend == BASELINE
+                got = baseline if same else forward_and_grads(x, w, b, meta, gy, backend)
+                for quantity, value, base in zip(QUANTITIES, got, baseline, strict=True):
+                    verdict = judge_elementwise(
+                        value, expected[quantity], dtype=dtype, baseline=base
+                    )
+                    checks.append(Check(layer, backend, route(meta), dtype, quantity, verdict))
     return checks
 
 
@@ -139,7 +147,10 @@ def run(args) -> bool:
                     "worst_bound": worst.verdict.worst_bound,
                 }
             rows.append(row)
+    with verdict_arithmetic():
+        arithmetic = arithmetic_settings(device)
     print(f"\nverify on {device}, batch {args.batch}: forward and grad x/weight/bias vs float64")
+    print(describe(arithmetic))
     print("cell: PASS/FAIL, then the worst element's |value - ref| / bound over the four (<= 1)\n")
     header = f"{'layer':<24}{'route':<13}{'backend':<17}" + "".join(f"{d:<16}" for d in args.dtypes)
     print(header.rstrip())
@@ -153,5 +164,6 @@ def run(args) -> bool:
     print(f"\n{total - failures} passed, {failures} failed")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "verify.json").write_text(json.dumps(rows, indent=1))
+    record = {"arithmetic": arithmetic, "rows": rows}
+    (out / "verify.json").write_text(json.dumps(record, indent=1))
     return failures == 0

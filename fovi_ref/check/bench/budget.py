@@ -22,37 +22,152 @@ ratio. This module turns such a sweep into a budget:
    with a ``"dense"`` verdict to the dense path and every ``"index"`` size to the index path; a
    tie may go either way. ``tests/test_notebook_claims.py`` holds ``DENSE_S_BUDGET["cpu"]`` to
    the sweep stored in notebook 03.
+
+**Derived until measured** (:func:`model_budget`). No GPU has run the sweep yet, so the CUDA
+budget comes from a model of the two paths, evaluated at the sweep's sizes and shape
+(:data:`SWEEP_BATCH`, :data:`SWEEP_CHANNELS`, :data:`SWEEP_RHO`, float32). With ``s`` bytes per
+element, a GEMM rate ``Phi``, a memory bandwidth ``beta`` and a fixed cost ``L`` per kernel
+launch, each kernel takes ``L + max(F / Phi, Q / beta)`` (a roofline: a GPU overlaps arithmetic
+with memory traffic)::
+
+    dense:  L + max(2 B Cin Nout Nin / Phi,  s (B Cin (Nout + Nin) + Nout Nin) / beta)
+            (+ L + 6 Nout Nin / beta in 16 bits: S converted from float32 on every call)
+    index:  2 L + s B Cin (Nin + 3 Nout) / beta     (zero-fill, then index_add_)
+
+(the GEMM both paths share, ``W^T grad_y``, cancels). The budget is the largest swept size up to
+which the dense path's time is at most the index path's, as :func:`derive_budget` would read a
+measurement that agreed with the model. The ceilings are a datasheet's (:data:`H200`), not a
+measurement: a stored CUDA sweep (:data:`CUDA_RECORD`, written by ``scripts/gpu_check.sh`` from
+notebook 03 executed on a GPU) replaces the model, and ``tests/test_notebook_claims.py`` holds
+``DENSE_S_BUDGET["cuda"]`` to the model while no such record exists, and to the record once it
+does.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from fovi_ref import knn_gather_gemm
+from fovi_ref.knn_gather_gemm import S_MAX_ELEMENTS
 
 __all__ = [
+    "CUDA_RECORD",
+    "H200",
     "MIN_BAND",
+    "SWEEP_BATCH",
+    "SWEEP_CHANNELS",
+    "SWEEP_RHO",
     "PathTimes",
+    "Roofline",
     "derive_budget",
     "disagreements",
     "fastest_times",
     "faster_of",
     "forced_grad_input_path",
     "from_record",
+    "model_budget",
+    "model_seconds",
+    "notebook_record",
     "noise_band",
     "running_median",
+    "sweep_sizes",
     "to_record",
     "verdicts",
 ]
 
 MIN_BAND = 0.05
 """The narrowest noise band used, whatever the A/A ratios say: 5%."""
+
+SWEEP_BATCH, SWEEP_CHANNELS, SWEEP_RHO = 32, 64, 4
+"""The sweep's shape: batch, ``Cin = Cout``, and ``Nin / Nout`` (res18_ds2's aspect ratio)."""
+
+CUDA_RECORD = Path(__file__).with_name("dense_s_sweep_cuda.json")
+"""Where a CUDA sweep, once measured, is stored (absent until then)."""
+
+
+def sweep_sizes(rho: int = SWEEP_RHO, largest: int = S_MAX_ELEMENTS) -> list[tuple[int, int]]:
+    """``(Nout, Nin)`` of the sweep: ``Nin = rho Nout``, four sizes to a decade of ``Nout*Nin``
+    from ``10^2`` up to ``largest`` (above ``S_MAX_ELEMENTS`` no ``S`` exists to time)."""
+    sizes = []
+    for i in range(40):
+        n_out = max(1, round(math.sqrt(10 ** (2 + i / 4) / rho)))
+        if n_out * rho * n_out > largest:
+            break
+        sizes.append((n_out, rho * n_out))
+    return sizes
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """A device's ceilings for :func:`model_budget`: memory ``bandwidth`` (byte/s), GEMM
+    ``rates`` per dtype (FLOP/s) and ``launch``, the fixed cost of one kernel (s)."""
+
+    name: str
+    bandwidth: float
+    rates: dict[torch.dtype, float]
+    launch: float
+
+
+H200 = Roofline(
+    name="NVIDIA H200 SXM, datasheet",
+    bandwidth=4.8e12,  # HBM3e
+    rates={
+        torch.float32: 67e12,  # CUDA cores (the sweep's float32 runs without TF32)
+        torch.bfloat16: 989e12,  # dense tensor cores
+        torch.float16: 989e12,
+    },
+    launch=5e-6,  # one eager PyTorch op: dispatch and CUDA launch, a few microseconds
+)
+"""The lent GPU's datasheet figures, the ceilings of the CUDA model."""
+
+
+def model_seconds(
+    n_out: int, n_in: int, *, batch: int, c_in: int, dtype: torch.dtype, device: Roofline
+) -> PathTimes:
+    """The model's times of the two paths on one graph (the module docstring's formulas); the
+    model's A/A control equals its index time."""
+    s = torch.empty((), dtype=dtype).element_size()
+    flops, beta, launch = device.rates[dtype], device.bandwidth, device.launch
+    dense = launch + max(
+        2 * batch * c_in * n_out * n_in / flops,  # d_sel @ S
+        s * (batch * c_in * (n_out + n_in) + n_out * n_in) / beta,  # read d_sel and S, write
+    )
+    if s != 4:  # S is kept in float32 and converted for every 16-bit call
+        dense += launch + (4 + s) * n_out * n_in / beta
+    index = 2 * launch + s * batch * c_in * (n_in + 3 * n_out) / beta  # zero-fill, index_add_
+    return PathTimes(n_out * n_in, dense, index, index)
+
+
+def model_budget(device: Roofline = H200, dtype: torch.dtype = torch.float32) -> int:
+    """The budget the model predicts at the sweep's sizes and shape: the largest swept
+    ``Nout*Nin`` up to which the dense path is not slower; 0 when it is at the smallest."""
+    budget = 0
+    for n_out, n_in in sweep_sizes():
+        shape = {"batch": SWEEP_BATCH, "c_in": SWEEP_CHANNELS, "dtype": dtype}
+        t = model_seconds(n_out, n_in, **shape, device=device)
+        if t.dense > t.index:
+            break
+        budget = t.size
+    return budget
+
+
+def notebook_record(path: Path, kind: str = "fovi_ref dense-S sweep") -> dict:
+    """The ``application/json`` output whose ``kind`` is ``kind`` in a stored (executed)
+    notebook: how the sweep of notebook 03 leaves it."""
+    for cell in json.loads(Path(path).read_text())["cells"]:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {}).get("application/json")
+            if isinstance(data, dict) and data.get("kind") == kind:
+                return data
+    raise ValueError(f"{Path(path).name} stores no {kind!r} record: execute it")
 
 
 @dataclass(frozen=True)

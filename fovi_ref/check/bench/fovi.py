@@ -29,6 +29,7 @@ import torch
 
 from fovi_ref import DTYPES, route
 from fovi_ref.check import fovi as upstream
+from fovi_ref.check.arithmetic import arithmetic_settings, describe
 from fovi_ref.check.bench import contenders, targets, timing
 from fovi_ref.check.jobs import layer_names, progress, shared_graph_groups
 
@@ -155,6 +156,7 @@ def run(args) -> int:
             f"backward,\nbatch {args.batch_general} (stem 16), at least {args.repeats} "
             "interleaved rounds"
         )
+        print(describe(arithmetic_settings(args.device)))
         print(
             "ref ms: fovi_ref's routed backend (median); auto..gg: fovi_ref / that fovi contender"
         )
@@ -184,6 +186,7 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"fovi": fovi.__version__, "device": str(args.device), "dtypes": list(args.dtype)}
+    record["arithmetic"] = arithmetic_settings(args.device)
     record |= {"repeats": args.repeats, "target": targets.FOVI.at_most, "rows": all_rows}
     (out / "bench_fovi.json").write_text(json.dumps(record, indent=1))
     return 0

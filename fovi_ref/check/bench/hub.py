@@ -19,6 +19,7 @@ import time
 import torch
 
 from fovi_ref import KNNMeta, dtype_name
+from fovi_ref.check.arithmetic import arithmetic_settings, describe
 from fovi_ref.check.bench import targets, timing
 from fovi_ref.check.bench.contenders import fovi_einsum, knn_backend, make_inputs
 from fovi_ref.check.jobs import progress
@@ -78,6 +79,7 @@ def run(repeats: int = 7, device: str = "cpu", dtype=torch.float32, batch: int =
     rows = hub_rows(repeats=repeats, device=device, dtype=dtype, batch=batch)
     target = targets.HUB.at_most if dtype == torch.float32 else None
     print(f"\nhub graphs, {device} {dtype_name(dtype)}, batch {batch}: general / fovi's einsum")
+    print(describe(arithmetic_settings(device)))
     print("(K = 4, V = 4, 256 inputs, 16 channels; every output reads input 0)")
     held = f"target <= {target}" if target else "no target (float32 only)"
     print(f"ratio: median ± half the IQR of the per-round ratios ({held})")

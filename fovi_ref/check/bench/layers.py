@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from fovi_ref import DTYPES, KNNMeta, route
+from fovi_ref.check.arithmetic import arithmetic_settings, describe
 from fovi_ref.check.bench import contenders, profile, targets, timing
 from fovi_ref.check.jobs import layer_names, progress, shared_graph_groups
 from fovi_ref.geometry import RES18_DOWNSAMPLES, get_layer
@@ -241,12 +242,14 @@ def run(args) -> None:
             bench_general(args, device, dtype_name, general) if general else []
         )
     loads.append(timing.machine_load())
+    arithmetic = arithmetic_settings(device)  # as in force: the bench times what users get
     print(f"\nbench on {device}, at least {args.repeats} interleaved rounds per row, more until")
     print(f"every target ratio's IQR is within {timing.BAND:.0%} of its median (or a time cap)")
     print("cell: median ratio ± half its IQR over the rounds; < 1: the first is faster")
     print("verdict: met (IQR at or below the target), MISSED '!' (above), unsure '?' (straddles),")
     print("invalid (a time below the GEMM floor: no result); targets hold float32 and bfloat16:")
     print(targets.LOW_PRECISION)
+    print(describe(arithmetic))
     for when, load in zip(("before", "after"), loads, strict=True):
         print(f"{when}: {load.line()}")
     if ds_rows:
@@ -266,6 +269,7 @@ def run(args) -> None:
         "repeats": args.repeats,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "arithmetic": arithmetic,
         "machine": [dataclasses.asdict(load) | {"busy": load.busy} for load in loads],
     }
     record = {"run": meta, "k1": ds_rows, "general": gen_rows, "trunk": trunk}

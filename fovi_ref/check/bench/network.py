@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from fovi_ref import KNNMeta, available_ops, dtype_name, register_ops, unregister_ops
+from fovi_ref.check.arithmetic import arithmetic_settings, describe
 from fovi_ref.check.bench import targets, timing
 from fovi_ref.check.bench.contenders import Contender
 from fovi_ref.check.bench.timing import peak_memory_bytes
@@ -142,6 +143,7 @@ def run(batches=(16, 64), repeats: int = 5, device: str = "cpu", dtype=torch.flo
     """Print the table of :func:`network_rows` and return its rows."""
     rows = network_rows(batches, repeats, device, dtype)
     print(f"fovi-resnet18 trunk, forward + backward, {device} {dtype_name(dtype)}: routed / einsum")
+    print(describe(arithmetic_settings(device)))
     print("time: median ± half the IQR of the per-round ratios; verdict: met (the IQR at or below")
     print("the target), MISSED '!' (above), unsure '?' (it straddles the target); floor: the")
     print("trunk whose convolutions run only their three GEMMs / einsum; floor+cells: the same,")

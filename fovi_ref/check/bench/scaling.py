@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from fovi_ref import dtype_name, route
+from fovi_ref.check.arithmetic import arithmetic_settings, describe
 from fovi_ref.check.bench import targets, timing
 from fovi_ref.check.bench.contenders import fovi_einsum, knn_backend, make_inputs
 from fovi_ref.check.jobs import layer_names, progress, shared_graph_groups
@@ -72,6 +73,7 @@ def run(names=None, repeats: int = 7, device: str = "cpu", dtype=torch.float32) 
         if target
         else f"no target: <= {targets.SCALING.at_most} holds float32"
     )
+    print(describe(arithmetic_settings(device)))
     print(f"cell: routed / einsum, median ± half the IQR over the rounds ({held});")
     print("'!' MISSED (the IQR above the target), '?' unsure (it straddles the target)")
     print(f"{'layer':<22}{'backend':<12}" + "".join(f"{'B=' + str(b):>13}" for b in BATCHES))

@@ -61,6 +61,7 @@ import torch
 
 import fovi_ref.segment_sum as segment_sum
 from fovi_ref import KNNMeta
+from fovi_ref.check.arithmetic import arithmetic_settings
 from fovi_ref.check.bench import budget
 from fovi_ref.check.bench.contenders import make_inputs, through
 from fovi_ref.check.jobs import progress
@@ -514,6 +515,7 @@ def run(out: str = "results", rounds: int = ROUNDS) -> dict:
         "torch": torch.__version__,
         "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "rounds": rounds,
+        "arithmetic": arithmetic_settings("cpu"),
     }
     record = to_record(points, **about)
     print("\n".join(report(from_record(record))))

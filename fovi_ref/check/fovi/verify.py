@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from fovi_ref import DTYPES, KNNMeta, dtype_name, knn_conv, route
+from fovi_ref.check.arithmetic import arithmetic_settings, describe, verdict_arithmetic
 from fovi_ref.check.fovi.backends import (
     backend_accepts,
     fovi_backends,
@@ -508,7 +509,7 @@ def format_fovi_table(checks: Sequence[FoviCheck]) -> str:
 
 def fovi_record(checks: Sequence[FoviCheck], **about: Any) -> dict:
     """What ``python -m fovi_ref verify --fovi`` writes to ``verify_fovi.json``: ``about``
-    (versions, device, batch), the rule, the rows of :func:`fovi_rows`, the findings."""
+    (versions, device, batch, arithmetic), the rule, the rows of :func:`fovi_rows`, the findings."""
     rows = fovi_rows(checks)
     cells = [row[d] for row in rows for d in DTYPES if d in row]
     return {
@@ -556,23 +557,34 @@ def run_fovi(args) -> int:
         every = fovi_resnet18_layers(device)
         layers = {name: every[name] for name in layer_names(args.layers)}
         what = "fovi's own"
-    checks = verify_fovi(layers, dtypes=dtypes, batch=args.batch, device=device, on_layer=on_layer)
+    with verdict_arithmetic():  # judged as fovi_ref's own backends are (arithmetic.py)
+        arithmetic = arithmetic_settings(device)
+        checks = verify_fovi(
+            layers, dtypes=dtypes, batch=args.batch, device=device, on_layer=on_layer
+        )
     print(f"\nfovi {fovi.__version__} on {device}, batch {args.batch}: {what} layers, every")
+    print(describe(arithmetic))
     print("backend that runs here; y and grad x/weight/bias vs the float64 oracle, judged by")
     print("fovi_ref's elementwise rule (fovi_ref/check/tolerances.py), fovi's all-padding reading.")
     print("cell: PASS/FAIL, then the worst element's error / bound (at most 1 passes)")
     print("auto: fovi's dispatcher choice with gradients on; route: fovi_ref's for the graph")
     print("a FAIL is fovi's result outside the bound; the lines below it say why\n")
     print(format_fovi_table(checks))
-    record = fovi_record(checks, torch=torch.__version__, device=str(device), batch=args.batch)
+    record = fovi_record(
+        checks, torch=torch.__version__, device=str(device), batch=args.batch, arithmetic=arithmetic
+    )
     name = "verify_fovi.json"
     if spec:  # the machine and overflow findings below are about fovi's default model only
         record["model"], name = spec, "verify_fovi_model.json"
         print(f"\n{MODEL_GRAPHS_NOTE}")
     else:  # Graphs are built on the CPU whatever the device, so this finding is the CPU's.
-        finding = machine_finding()
-        print(f"\n{finding.summary()}")
-        record["machine_finding"] = finding_record(finding)
+        if getattr(args, "machine_finding", True) is False:  # --no-machine-finding
+            print("\nfovi's graphs under two CPU arithmetic settings: not compared (asked not to)")
+            record["machine_finding"] = None
+        else:
+            finding = machine_finding()
+            print(f"\n{finding.summary()}")
+            record["machine_finding"] = finding_record(finding)
         overflow = overflow_finding(device)
         print(f"\n{overflow.summary()}")
         record["overflow_finding"] = {**vars(overflow), "overflowing": overflow.overflowing}
