@@ -363,8 +363,8 @@ def print_downsample_table(rows: list[dict]) -> None:
     small = targets.limit("gather_gemm / gemm floor, batch < 256")
     big = targets.limit("gather_gemm / gemm floor, batch >= 256")
     einsum = targets.limit("gather_gemm / einsum (fovi), bfloat16")
-    print(f"\nK = 1 layers (float32 targets: /conv2d <= {conv2d}, /gemm floor <= {small} below "
-          f"batch 256, else {big}; bfloat16: /einsum <= {einsum})")  # fmt: skip
+    print(f"\nK = 1 layers (float32 targets: /conv2d <= {conv2d}, /gemm floor <= {small} below")
+    print(f"batch 256, else {big}; bfloat16: /einsum <= {einsum})")
     print(
         f"{'layer':<11}{'dtype':<9}{'batch':>6}{'gg ms':>8}{'/einsum':>11}{'/conv2d':>11}"
         f"{'/gemm fl':>11}{'/general':>11}{'op/direct':>11}{'verdict':>9}"
