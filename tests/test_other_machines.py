@@ -5,7 +5,7 @@ differently. These tests stand in for such machines by starting fresh interprete
 settings that change which kernels run (:data:`OTHER_ARITHMETIC`; each changes some of fovi's
 graphs on an AVX-512 Xeon), and check the two promises of ``fovi_ref.geometry``: fovi's graphs
 change only on nodes the tie certificate calls ties, and the exact construction does not change
-at all. CI also runs the whole suite under such settings (``.ci/run``).
+at all. CI also runs the unit tests, and the notebooks, under such settings (``.ci/run``).
 """
 
 from __future__ import annotations
