@@ -6,8 +6,8 @@ TORCH_INDEX ?=
 # JupyterLab refuses to start as root (in a container, say) without --allow-root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: venv test notebooks lab render lint format bench verify properties mutations adversarial \
-	gpu-wheels gpu-dry-run
+.PHONY: venv test notebooks lab render lint format bench verify properties mutations planted-bugs \
+	battery-times adversarial gpu-wheels gpu-dry-run
 
 venv:            ## .venv with the pinned torch, the dev tools and the onnx extra
 	python3.11 -m venv .venv
@@ -43,8 +43,15 @@ render:          ## screenshots of the notebooks in JupyterLab, in results/rende
 properties:      ## the property tests with many random examples (the default run takes a few)
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/test_properties.py -q
 
-mutations:       ## plant known bugs in a backend and show which checks catch them
+# mutmut's cache is mutants/ (git-ignored): a second run judges only the functions that changed.
+mutations:       ## mutation testing of the backends against the default battery; writes scripts/mutations/record.json
+	$(PY) scripts/mutations/run.py
+
+planted-bugs:    ## the bug classes a mutation tool cannot write, planted in a backend, and what catches each
 	$(PY) scripts/mutation_check.py
+
+battery-times:   ## time `check einsum_baseline` (default and --full) for the times check --help states
+	$(PY) scripts/time_battery.py
 
 adversarial:     ## odd and invalid inputs at the public API, results judged by the oracle's rule
 	$(PY) scripts/adversarial.py

@@ -15,6 +15,18 @@ whatever the backend's internals are. Each mutant then runs through
 
 The table says, for every mutation, whether it was caught and by which checks. The script exits
 non-zero if a mutation that applies to the backend went uncaught.
+
+**Beside the mutation tool** (``make mutations``, scripts/mutations/run.py). mutmut changes one
+token or argument at a time, so it cannot write most of these classes, which stay here as named
+cases: a bug only at a scale (``off_past_64_nodes``, ``wrong_past_batch_3``/``_4``,
+``dropped_past_k_9``, ``off_past_16_cells``, ``hub_grad_x_off``, ``last_input_grad_x_zeroed``,
+``bf16_grad_x_zeroed``/``_flipped``, ``grad_weight_off_past_batch_64``, ``off_at_one_channel``),
+in one door only (``plain_forward_wrong``, ``grad_weight_from_x_wrong``), in a calling convention
+(``noncontiguous_x``/``_weight``/``_bias``, ``bias_none``, ``float32_output``) and in precision
+(``accumulate_in_dtype``, ``cells_summed_in_dtype``). The graph-level classes (``wrong_cell``,
+``dropped_neighbour``, ``padding_reads_input_0``, ``bias_twice``, ``grad_x_rolled``,
+``gradient_moved``) are what mutants of ``general``'s files are; they retire here when the
+record judges those files (pending in scripts/mutations/record.json).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_testing_check_ops import ZeroesEmptyNodes
 
-from fovi_ref import get_ops
+from fovi_ref import available_ops, get_ops
 from fovi_ref.check.check_ops import CHECKS, DEFAULT, OpsReport, ReportRow, check_ops
 from fovi_ref.check.graphs import BOUNDARIES, SPANNING, graph_seed, spanning_graph
 from fovi_ref.segment_sum import SegmentSumPlan
@@ -187,3 +187,12 @@ def test_every_check_has_a_row_for_general():
     assert {r.check for r in report.rows} == set(CHECKS)
     doors = {r.note for r in report.rows if r.check == "doors"}
     assert doors == {"plain forward (no_grad)", "custom op (the compiled door)"}
+
+
+def test_every_backend_has_default_graphs_it_takes():
+    """gather_gemm takes K = V = 1 graphs only: the default battery once judged it on none
+    (every row "skipped"), and each of its mutants passed (scripts/mutations)."""
+    for name in available_ops():
+        supports = getattr(get_ops(name), "supports", None)
+        taken = [g for g in SPANNING if supports is None or supports(spanning_graph(g).meta)]
+        assert len(taken) >= 2, (name, taken)

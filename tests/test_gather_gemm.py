@@ -10,7 +10,9 @@ from torch.profiler import ProfilerActivity, profile
 from fovi_ref import KNNMeta, knn_conv, prepare
 from fovi_ref import knn_gather_gemm as gg
 from fovi_ref.check.bench.budget import forced_grad_input_path
+from fovi_ref.check.bench.gemm_dtypes import forced
 from fovi_ref.knn_gather_gemm import GatherGemmOps, derive
+from fovi_ref.precision import platform
 
 
 def test_derived_index_without_padding_is_the_knn_row():
@@ -134,3 +136,23 @@ def test_eager_backward_reads_the_rows_the_forward_gathered():
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     kept = torch.autograd.grad(knn_conv(xr, wr, b, meta), wr, grad_y)[0]
     assert torch.equal(kept, GatherGemmOps.grad_weight(meta, laid_out, x))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gemms", ["wide", "narrow"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_index_scatter_adds_collisions_in_float32_and_rounds_once(device, gemms, dtype):
+    """Three outputs read input 0 with gradients +A, 1 and -A (A = 2/u): the sum is 1 when the
+    scatter adds in float32, and 0 when each addition is rounded to the 16-bit dtype. On the CPU
+    torch's ``index_add_`` adds 16-bit values in float32 itself (the mutation job found widening
+    ``d_sel`` unseen there: scripts/mutations/equivalents.toml); on CUDA the widening is what
+    keeps this sum right."""
+    big = 2 / torch.finfo(dtype).eps
+    knn = torch.tensor([[0, 0, 0]])  # [K=1, Nout=3]
+    zeros = torch.zeros(3, 1, dtype=torch.long)
+    meta = KNNMeta.from_knn(knn, zeros, n_in=2, in_channels=1, v=1).to(device)
+    weight = torch.ones(1, 1, dtype=dtype, device=device)  # [Cout, Cin]: d = grad_y exactly
+    grad_y = torch.tensor([[[big, 1.0, -big]]], dtype=dtype, device=device)  # [B, Cout, Nout]
+    with forced(gemms, platform(device)), forced_grad_input_path("index", meta.device.type):
+        grad_x = GatherGemmOps.grad_input(meta, grad_y, weight)
+    assert grad_x.dtype == dtype and grad_x[0, 0].tolist() == [1.0, 0.0]

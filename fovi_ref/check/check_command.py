@@ -34,12 +34,12 @@ from fovi_ref.check.protocol import check_protocol
 
 __all__ = ["DESCRIPTION", "add_parser", "load_object", "run"]
 
-# Estimates for a plain-PyTorch backend (einsum_baseline) on 2 cores: the default battery's
-# graphs took 66 s of CPU time, one after another on one thread, on a shared machine; --full
-# adds the random graphs and res18_subset, which took 6 min 24 s as the earlier default
-# battery. Every run prints its own time last: `python -m fovi_ref check einsum_baseline`.
-DEFAULT_SECONDS = 70
-FULL_SECONDS = 480
+# What `make battery-times` (scripts/time_battery.py) last measured for a plain-PyTorch backend,
+# `python -m fovi_ref check einsum_baseline` and `--full` on this project's 2-core machine:
+# fovi_ref/check/battery_times.json, rounded (tests/test_check_command.py holds them to it).
+# Every run prints its own time last.
+DEFAULT_SECONDS = 45
+FULL_SECONDS = 60
 
 DESCRIPTION = f"""\
 Judge an ops object (your own backend) against the float64 oracle: its protocol first, then

@@ -129,6 +129,7 @@ __all__ = [
     "random_graphs",
     "random_meta",
     "res18_graphs",
+    "resolve_graphs",
 ]
 
 JUDGED = ("y", "grad_x", "grad_weight")  # what a backend computes (grad_bias is the op's)
@@ -202,7 +203,10 @@ def _graph_item(item: Any, seed: int, device: torch.device) -> list[TestGraph]:
     return [TestGraph(str(item.name), item.meta.to(device), int(c_out), *narrowed)]
 
 
-def _resolve_graphs(graphs: Any, seed: int, device: torch.device) -> list[TestGraph]:
+def resolve_graphs(
+    graphs: Any, seed: int = 0, device: torch.device | str = "cpu"
+) -> list[TestGraph]:
+    """The :class:`TestGraph` list that ``check_ops(graphs=...)`` runs on."""
     if graphs is None:
         graphs = DEFAULT
     if isinstance(graphs, str) or not isinstance(graphs, Iterable):  # one item, not its letters
@@ -739,6 +743,7 @@ def check_ops(
     seed: int = 0,
     checks: Sequence[str] = CHECKS,
     gradcheck_max_inputs: int = 400,
+    stop_at_first_fail: bool = False,
 ) -> OpsReport:
     """Run the conformance battery on ``ops`` and return an :class:`OpsReport`.
 
@@ -763,8 +768,11 @@ def check_ops(
         checks: a subset of :data:`CHECKS`.
         gradcheck_max_inputs: gradcheck only graphs whose ``x``, weight and bias hold at most
             this many numbers (it costs two forwards per number).
+        stop_at_first_fail: return as soon as one (graph, dtype) has a failed row, so that a
+            wrong backend costs seconds (the mutation job's judge, ``scripts/mutations``).
 
-    A graph whose ``supports(meta)`` is False is listed as skipped. An exception from
+    A graph whose ``supports(meta)`` is False is listed as skipped; where that is every graph,
+    a failed row says that nothing was judged. An exception from
     the ops is a failed row, not a crash.
     """
     _check_arguments(checks, dtypes, batch, seed, gradcheck_max_inputs, all_padding,
@@ -777,7 +785,7 @@ def check_ops(
     name = ops.name
     report = OpsReport(name)
     supports = getattr(ops, "supports", None)
-    resolved = _resolve_graphs(graphs, seed, device)
+    resolved = resolve_graphs(graphs, seed, device)
     if not resolved:
         raise ValueError(f"graphs={graphs!r} names no graph: an empty battery judges nothing")
     options: dict[str, Any] = {"seed": seed}
@@ -809,6 +817,8 @@ def check_ops(
                     options,
                 )  # fmt: skip
                 report.rows += _run_checks(ops, door, case, graph_checks)
+                if stop_at_first_fail and not report.ok:
+                    return report
             size = graph.meta.in_channels * (
                 2 * graph.meta.n_in + graph.out_channels * graph.meta.v
             )
@@ -820,6 +830,12 @@ def check_ops(
                 case = _Case(graph, torch.float64, device, graph_seed(graph.name, seed), 2,
                              all_padding, "fused", options)  # fmt: skip
                 report.rows += _check_gradcheck(ops, case)
+                if stop_at_first_fail and not report.ok:
+                    return report
+        if all(row.check == "supports" for row in report.rows):
+            # ops whose supports() takes no graph of the battery would pass having run nothing
+            note = "nothing judged: supports() takes none of these graphs"
+            report.rows.append(ReportRow("-", "-", "supports", "-", False, note=note))
     return report
 
 

@@ -18,6 +18,12 @@ batch          1, 4, 5, 31, 32, 33, 63, 64, 65, 127, 128, 129         (``batch_<
 ``V``          1, 16, 17, 33                                          (``v_<n>``)
 fan-out        one input read by 40 (past twice fovi_ref's ``HUB``), 150 and 1,100
                outputs                                                (``hub_<n>``)
+downsample     ``K`` 1 and ``V`` 1 (fovi-resnet18's downsample convs, the only graphs
+               ``gather_gemm`` takes): at the base sizes (``downsample``), and with
+               ``Nin`` 129, ``Nout`` 65, ``Cin`` 33, ``Cout`` 31, batch 5
+               (``downsample_wide``), with one input (``downsample_nin_1``), and with
+               one input read by 150 outputs (``downsample_hub_150``); the last two come
+               last in the battery's order
 occupied       ``K`` 2, ``V`` 16, ``Cin`` 64, ``Nout`` 64, batch 8: few of the cells
 cells          occupied, where a CPU backend may run one GEMM per occupied cell
 channel        ``Cin`` 16, ``V`` 16, ``K`` 16, ``Nout`` 130, batch 253: a ``grad_z`` of
@@ -112,6 +118,9 @@ def spanning_meta(
         knn[0, 0] = knn[0, 1] = 0  # a collision: nodes 0 and 1 read input 0 in one cell
         rf_index[1, 0] = rf_index[0, 0]
         pad[0, 1] = False
+    if k == 1 and n_out >= 3:  # node 0's one neighbour is input 0: node 2 reads the last
+        knn[0, 2] = n_in - 1
+        pad[0, 2] = False
     knn[pad] = n_in
     return KNNMeta.from_knn(knn, rf_index, n_in=n_in, in_channels=in_channels, v=v)
 
@@ -135,6 +144,11 @@ def _spanning_shapes() -> dict[str, dict[str, int]]:
             **BASE, "k": 2, "n_in": n_in, "n_out": fan_out, "in_channels": 1, "out_channels": 2,
             "hub": fan_out,
         }  # fmt: skip
+    for name, sizes in (  # K = V = 1: fovi-resnet18's downsample convs (gather_gemm's class)
+        ("downsample", {}),
+        ("downsample_wide", dict(n_in=129, n_out=65, in_channels=33, out_channels=31, batch=5)),
+    ):
+        shapes[name] = {**BASE, "k": 1, "v": 1, **sizes}
     shapes["occupied_cells"] = dict(  # 2 of 16 cells occupied, 64 channels: a CPU backend
         k=2,
         v=16,
@@ -147,6 +161,14 @@ def _spanning_shapes() -> dict[str, dict[str, int]]:
     shapes["channel_blocks"] = dict(
         k=16, v=16, n_in=40, n_out=130, in_channels=16, out_channels=1, batch=253
     )
+    # Appended, so that every earlier graph keeps its place and a recorded first failure its
+    # graph (scripts/mutations/record.json): one input (a padding index past it fails) and one
+    # input read by 150 outputs, whose gradient sums 150 terms, in the K = V = 1 class.
+    shapes["downsample_nin_1"] = {**BASE, "k": 1, "v": 1, "n_in": 1}
+    shapes["downsample_hub_150"] = {
+        **BASE, "k": 1, "v": 1, "n_in": 8, "n_out": 150, "in_channels": 1, "out_channels": 2,
+        "hub": 150,
+    }  # fmt: skip
     return shapes
 
 

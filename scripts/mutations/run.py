@@ -1,0 +1,356 @@
+"""The mutation job: mutmut rewrites the op's backends one small change at a time, the default
+battery judges every mutant, and ``record.json`` says what killed each one.
+
+    python scripts/mutations/run.py [MUTANT_GLOB ...]   # make mutations: run, then write the record
+    python scripts/mutations/run.py --sample 12 --seed 0  # CI: rerun a seeded sample of the record
+    python scripts/mutations/run.py --table             # the per-file table of the record
+
+**The run.** ``mutmut run`` (its configuration is ``[tool.mutmut]`` in pyproject.toml) copies
+``fovi_ref`` to ``mutants/``, where each function of the mutated files can switch to any of its
+mutants, runs the judge (``judge.py``) once clean to learn which judged backend calls which
+function, then runs each mutant against the backends that call the mutated function, stopping at
+the first that fails. Its results are cached in ``mutants/``: a second run judges only mutants
+of functions that changed. Two mutants run at a time, one thread each.
+
+**Past the default battery.** A mutant the default battery passes is run again on what else the
+repo has, and the record says which killed it:
+
+1. the ``--full`` battery's other graphs (the random graphs, res18's layers of each kind);
+2. the unit tests of the mutated file (:data:`UNIT_TESTS`).
+
+A mutant none of these kills is *equivalent* or differs *on CUDA only*, with its argument in
+``equivalents.toml``, or it *survived*. ``tests/test_mutations.py`` fails on a survivor, on an
+argument whose mutant is not one of those, and on a judged file whose hash is not the one the
+record was made from.
+
+**Verdicts** in the record: ``killed`` (``by`` the default battery: backend and path, graph,
+dtype, check, quantity), ``timeout`` (the judge ran past mutmut's limit: an endless or far slower
+backend), ``crashed`` (the worker died), ``killed_full``, ``killed_test``, ``equivalent``,
+``cuda_only``, ``survived``. ``not reached`` (no judged backend calls the function) goes to the
+second stage like a survivor. A file some of whose mutants mutmut has not run yet is listed as
+``pending`` with its mutant count, and none of its mutants is in the record.
+
+**Time.** The judge's battery takes about a minute on one thread for a plain backend; mutmut
+runs the mutants it expects to be quick first, two at a time. A killed mutant costs seconds,
+one the battery passes a whole battery, then the second stage. ``seconds_this_run`` in the
+record is the wall time of the ``make mutations`` that wrote it (mutmut's cache makes a second
+run short).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = ROOT / "scripts" / "mutations"
+RECORD = HERE / "record.json"
+EQUIVALENTS = HERE / "equivalents.toml"
+MUTANTS = ROOT / "mutants"
+JUDGE = "scripts/mutations/judge.py"
+
+# The unit tests that hold each mutated file, run on a mutant the batteries pass.
+UNIT_TESTS = {
+    "fovi_ref/knn_general.py": ["tests/test_backends.py", "tests/test_precision.py"],
+    "fovi_ref/segment_sum.py": ["tests/test_segment_sum.py"],
+    "fovi_ref/knn_gather_gemm.py": ["tests/test_gather_gemm.py"],
+    "fovi_ref/knn_einsum_baseline.py": ["tests/test_backends.py"],
+    "fovi_ref/strategies/__init__.py": ["tests/test_strategies.py", "tests/test_precision.py"],
+    "fovi_ref/strategies/channel_blocks.py": ["tests/test_strategies.py"],
+    "fovi_ref/strategies/few_columns.py": ["tests/test_strategies.py"],
+    "fovi_ref/strategies/node_rows.py": ["tests/test_strategies.py"],
+    "fovi_ref/strategies/occupied_cells.py": ["tests/test_strategies.py"],
+    "fovi_ref/layout.py": ["tests/test_backends.py"],
+    "fovi_ref/knn_autograd.py": ["tests/test_custom_op.py", "tests/test_eager_function.py"],
+}
+STATUS = {1: "killed", 3: "killed", 0: "survived", -24: "timeout", 24: "timeout", 36: "timeout",
+          152: "timeout", 255: "timeout", -11: "crashed", -9: "crashed",
+          33: "not reached"}  # fmt: skip
+"""mutmut's exit codes (``mutmut.stats.status_by_exit_code``), in the record's words."""
+CUDA_ONLY = "CPU only:"
+"""How an argument in equivalents.toml starts when the mutant differs on CUDA alone."""
+WHERE = ("backend", "graph", "dtype", "check", "quantity")
+"""What a killing verdict names, and a rerun must find again."""
+KILLED = ("killed", "timeout", "crashed")
+SECOND_STAGE = ("killed_full", "killed_test")
+ARGUED = ("equivalent", "cuda_only")
+COLUMNS = ("killed_full", "killed_test", "equivalent", "cuda_only", "survived")
+"""The verdicts the table counts beside the default battery's kills, in its column order."""
+
+
+def mutated_files() -> list[str]:
+    """The files ``[tool.mutmut] only_mutate`` names, globs expanded, sorted."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    found = {str(p.relative_to(ROOT)) for g in config["only_mutate"] for p in ROOT.glob(g)}
+    return sorted(f for f in found if f.endswith(".py"))
+
+
+def file_hashes() -> dict[str, str]:
+    """sha256 of every mutated file, as the record stores them."""
+    return {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest() for f in mutated_files()}
+
+
+def env_for(mutant: str, **extra: str) -> dict[str, str]:
+    """The environment that runs ``mutant`` from ``mutants/``: its copy of fovi_ref first."""
+    return {**os.environ, "MUTANT_UNDER_TEST": mutant, "PYTHONPATH": str(MUTANTS),
+            "OMP_NUM_THREADS": "1", **extra}  # fmt: skip
+
+
+def pytest_fails(mutant: str, args: list[str], **extra: str) -> bool:
+    """Whether pytest, run from ``mutants/`` with ``mutant`` switched on, fails."""
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "--rootdir=.", "-p", "no:cacheprovider"]
+    done = subprocess.run(command + args, cwd=MUTANTS, env=env_for(mutant, **extra),
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"pytest could not run for {mutant}:\n{done.stdout[-2000:]}")
+    return done.returncode == 1
+
+
+def sync_unmutated() -> None:
+    """Copy fovi_ref's files that are not mutated (the harness, the judge's battery) into
+    ``mutants/`` where they differ: mutmut copies a file there only once. A harness change
+    can change verdicts that mutmut's cache keeps; ``rm -rf mutants`` judges everything again."""
+    mutated = set(mutated_files())
+    for path in (ROOT / "fovi_ref").rglob("*"):
+        relative = str(path.relative_to(ROOT))
+        copy = MUTANTS / relative
+        if not path.is_file() or "__pycache__" in relative or relative in mutated:
+            continue
+        if not copy.exists() or copy.read_bytes() != path.read_bytes():
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, copy)
+
+
+# ------------------------------------------------------------------------ reading mutmut's cache
+def mutmut_results() -> dict[str, tuple[str, int | None]]:
+    """``{mutant: (file, exit code)}`` from mutmut's ``.meta`` files."""
+    results = {}
+    for meta in MUTANTS.glob("fovi_ref/**/*.py.meta"):
+        source = str(meta.relative_to(MUTANTS)).removesuffix(".meta")
+        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            results[name] = (source, code)
+    return results
+
+
+def change_of(mutant: str, source: str) -> tuple[int, str]:
+    """``(line in the original file, one-line description)`` of a mutant, from mutmut's diff."""
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    diff = get_diff_for_mutant(mutant, path=source)  # reads mutants/ from ROOT (see main)
+    removed = [line[1:] for line in diff.splitlines()[2:] if line.startswith("-")]
+    added = [line[1:] for line in diff.splitlines()[2:] if line.startswith("+")]
+    line = function_line_of(source, mutant, removed[0].strip() if removed else "")
+    before, after = (" / ".join(s.strip() for s in side) for side in (removed, added))
+    return line, f"{before}  ->  {after}"
+
+
+def function_line_of(source: str, mutant: str, text: str) -> int:
+    """The line of ``text`` inside the mutated function of ``source`` (its first line if none)."""
+    name = mutant.rpartition("__mutmut_")[0].rpartition(".")[2]
+    name = name.rpartition("ǁ")[2] if "ǁ" in name else name.removeprefix("x_")
+    lines = (ROOT / source).read_text().splitlines()
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            for number in range(node.lineno, node.end_lineno + 1):
+                if text and text in lines[number - 1]:
+                    return number
+            return node.lineno
+    return 0
+
+
+def verdict_of(mutant: str) -> dict | None:
+    """The judge's note of the first failed row, where the default battery killed ``mutant``."""
+    path = MUTANTS / "judge_verdicts" / f"{mutant}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+# ----------------------------------------------------------------------------- second stage
+def second_stage(mutant: str, source: str) -> tuple[str, dict]:
+    """``(verdict, by)`` for a mutant the default battery passed."""
+    if pytest_fails(mutant, [JUDGE], MUTATION_BATTERY="full"):  # the judge skips but one
+        return "killed_full", verdict_of(mutant)
+    for test_file in UNIT_TESTS[source]:
+        if pytest_fails(mutant, [test_file]):
+            return "killed_test", {"test": test_file}
+    return "survived", {}
+
+
+# ---------------------------------------------------------------------------------- the job
+def run_job(names: list[str], run: bool = True) -> None:
+    """mutmut run (unless ``run`` is False: its cache as it is), then the second stage for its
+    survivors, then the record."""
+    start = time.monotonic()
+    if run:
+        sync_unmutated()
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        command = [sys.executable, "-m", "mutmut", "run", "--max-children", "2", *names]
+        subprocess.run(command, cwd=ROOT, env=env, check=True)
+    previous = json.loads(RECORD.read_text()) if RECORD.exists() else {"mutants": {}}
+    equivalents = tomllib.loads(EQUIVALENTS.read_text()) if EQUIVALENTS.exists() else {}
+    results = mutmut_results()
+    unjudged = {source for source, code in results.values() if code is None}
+    pending = Counter(source for source, _ in results.values() if source in unjudged)
+    judged = sorted((n, s, c) for n, (s, c) in results.items() if s not in pending)
+
+    def entry(item: tuple[str, str, int | None]) -> dict:
+        name, source, code = item
+        found = judged_entry(name, source, code, previous["mutants"].get(name, {}))
+        if found["verdict"] == "survived" and name in equivalents:
+            argument = equivalents[name]
+            verdict = "cuda_only" if argument.startswith(CUDA_ONLY) else "equivalent"
+            found |= {"verdict": verdict, "argument": argument}
+        print(f"{found['verdict']:<12} {name}", flush=True)
+        return found
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # the second stage: two mutants at a time
+        mutants = dict(zip((n for n, _, _ in judged), pool.map(entry, judged), strict=True))
+    hashes = file_hashes()
+    record = {
+        "tool": f"mutmut {version('mutmut')}",
+        "judge": JUDGE,
+        "files": {f: h for f, h in hashes.items() if f not in pending},
+        "pending": {f: pending[f] for f in sorted(pending)},
+        "seconds_this_run": round(time.monotonic() - start),
+        "mutants": mutants,
+    }
+    RECORD.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    print(table(record))
+
+
+def judged_entry(name: str, source: str, code: int | None, old: dict) -> dict:
+    """The record's line for a mutant mutmut judged: where, what, and what killed it (the
+    second stage for one the default battery passed, unless the last record has its verdict)."""
+    entry: dict = {"file": source}
+    entry["line"], entry["change"] = change_of(name, source)
+    status = STATUS.get(code, f"exit {code}")
+    if status == "killed":
+        return entry | {"verdict": "killed", "by": verdict_of(name)}
+    if status not in ("survived", "not reached"):
+        return entry | {"verdict": status}
+    if old.get("change") == entry["change"] and old.get("verdict") in SECOND_STAGE:
+        return entry | {k: old[k] for k in ("verdict", "by")}
+    if old.get("change") == entry["change"] and old.get("verdict") in ARGUED:
+        return entry | {"verdict": "survived", "by": old["by"]}  # argued anew by the caller
+    entry["verdict"], entry["by"] = second_stage(name, source)
+    if status == "not reached" and entry["verdict"] == "survived":
+        entry["by"] = {"note": "no judged backend calls the function"}
+    return entry
+
+
+def table(record: dict) -> str:
+    """Per file: mutants, killed by the default battery, killed only by --full, only by a unit
+    test, equivalent (argued), differing on CUDA only (argued), survived."""
+    head = ("file", "mutants", "default battery", "only --full", "only a test", "equivalent",
+            "CUDA only", "survived")  # fmt: skip
+    rows = []
+    for source in sorted(record["files"]):
+        verdicts = [m["verdict"] for m in record["mutants"].values() if m["file"] == source]
+        killed = sum(v in KILLED for v in verdicts)
+        rows.append([source, len(verdicts), killed, *(verdicts.count(c) for c in COLUMNS)])
+    rows.append(["all", *(sum(r[i] for r in rows) for i in range(1, len(head)))])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    pending = ", ".join(f"{f} ({n})" for f, n in record["pending"].items())
+    return "\n".join(lines) + (f"\nnot judged yet: {pending}" if pending else "")
+
+
+def score(record: dict) -> dict[str, int]:
+    """The README's figures: ``killed`` by the default battery out of ``judged`` (the mutants
+    neither equivalent nor CUDA only), and the counts of ``equivalent``, ``cuda_only``,
+    ``full_only`` and ``test_only`` mutants."""
+    verdicts = [m["verdict"] for m in record["mutants"].values()]
+    equivalent, cuda_only = verdicts.count("equivalent"), verdicts.count("cuda_only")
+    return {
+        "killed": sum(v in KILLED for v in verdicts),
+        "judged": len(verdicts) - equivalent - cuda_only,
+        "equivalent": equivalent,
+        "cuda_only": cuda_only,
+        "full_only": verdicts.count("killed_full"),
+        "test_only": verdicts.count("killed_test"),
+    }
+
+
+# ------------------------------------------------------------------------------ the CI sample
+def generate_mutants() -> None:
+    """mutmut's ``mutants/`` tree without running anything (no stats pass: the record knows
+    which backend kills each sampled mutant)."""
+    from mutmut.__main__ import (
+        copy_also_copy_files,
+        copy_src_dir,
+        create_mutants,
+        setup_source_paths,
+        store_lines_covered_by_tests,
+    )
+
+    MUTANTS.mkdir(exist_ok=True)
+    copy_src_dir()
+    copy_also_copy_files()
+    setup_source_paths()
+    store_lines_covered_by_tests()
+    create_mutants(2)
+
+
+def run_sample(size: int, seed: int) -> int:
+    """Rerun ``size`` killed mutants of the record, drawn with ``seed``, on the backend the
+    record says killed each: each must fail there, at the same graph, dtype and check."""
+    record = json.loads(RECORD.read_text())
+    hashes = file_hashes()
+    if any(hashes[f] != h for f, h in record["files"].items()):
+        print("the record was made from other versions of the mutated files: make mutations")
+        return 1
+    generate_mutants()
+    killed = sorted(n for n, m in record["mutants"].items() if m["verdict"] == "killed")
+    disagree = 0
+    for name in random.Random(seed).sample(killed, size):
+        want = record["mutants"][name]["by"]
+        (MUTANTS / "judge_verdicts" / f"{name}.json").unlink(missing_ok=True)
+        judge = want["backend"]
+        for path in ("[narrow]", "[dense S]"):  # the judge's forced paths (judge.PATHS)
+            judge = judge.removesuffix(path)
+        failed = pytest_fails(name, [f"{JUDGE}::test_default_battery[{judge}]"],
+                              MUTATION_JUDGE=judge)  # fmt: skip
+        got = verdict_of(name)
+        same = failed and got is not None and all(got[k] == want[k] for k in WHERE)
+        disagree += not same
+        record_says = {k: want[k] for k in WHERE}
+        found = got and {k: got[k] for k in WHERE}
+        print(f"{'agrees' if same else 'DISAGREES':<10} {name}: record {record_says}, now {found}")
+    print(f"{size - disagree} of {size} sampled mutants agree with the record")
+    return int(disagree > 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="mutant globs, e.g. 'fovi_ref.layout.*'")
+    parser.add_argument("--sample", type=int, help="rerun this many killed mutants (CI)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--table", action="store_true", help="print the record's table")
+    parser.add_argument("--no-run", action="store_true", help="the record from mutmut's cache")
+    args = parser.parse_args(argv)
+    os.chdir(ROOT)  # mutmut reads its mutants/ relative to the working directory
+    if args.table:
+        record = json.loads(RECORD.read_text())
+        print(table(record))
+        print(score(record))
+        return 0
+    if args.sample:
+        return run_sample(args.sample, args.seed)
+    run_job(args.names, run=not args.no_run)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The mutation record (scripts/mutations/record.json) stays true: it was made from the backend
+files as they are, no mutant survived unargued, and the README states its score.
+
+The record is made by ``make mutations`` (hours on 2 cores); CI reruns a seeded sample of it
+(``scripts/mutations/run.py --sample``, in .ci/run). These tests read it and nothing more.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+from fovi_ref import available_ops
+from fovi_ref.strategies import STRATEGIES
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = ROOT / "scripts" / "mutations"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"mutations_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+RUN = _load("run")
+JUDGE = _load("judge")
+RECORD = json.loads(RUN.RECORD.read_text())
+EQUIVALENTS = tomllib.loads(RUN.EQUIVALENTS.read_text())
+VERDICTS = {*RUN.KILLED, "killed_full", "killed_test", "equivalent", "cuda_only"}
+
+
+def test_the_record_was_made_from_the_backend_files_as_they_are():
+    """Change a judged file and this fails until ``make mutations`` judges it again. A file
+    whose mutants are not all judged yet is listed as pending, with its mutant count."""
+    hashes = RUN.file_hashes()
+    changed = [f for f, h in RECORD["files"].items() if hashes[f] != h]
+    assert not changed, f"mutated since the record was made: {changed}; run make mutations"
+    assert sorted([*RECORD["files"], *RECORD["pending"]]) == RUN.mutated_files()
+    assert {m["file"] for m in RECORD["mutants"].values()} == set(RECORD["files"])
+    assert all(count > 0 for count in RECORD["pending"].values())
+
+
+def test_no_mutant_survived_and_every_equivalent_is_argued():
+    verdicts = {name: m["verdict"] for name, m in RECORD["mutants"].items()}
+    odd = {name: v for name, v in verdicts.items() if v not in VERDICTS}
+    assert not odd, f"survivors or unknown verdicts: {odd}"
+    for name, mutant in RECORD["mutants"].items():
+        if mutant["verdict"] in ("equivalent", "cuda_only"):
+            assert len(mutant["argument"]) > 20 and mutant["argument"] == EQUIVALENTS[name]
+        if mutant["verdict"] == "killed":
+            assert set(mutant["by"]) >= {"backend", "graph", "dtype", "check", "quantity"}
+    stale = set(EQUIVALENTS) - {n for n, v in verdicts.items() if v in ("equivalent", "cuda_only")}
+    assert not stale, f"arguments for mutants that are not equivalent in the record: {stale}"
+
+
+def test_every_mutant_has_a_place_and_a_change():
+    for name, mutant in RECORD["mutants"].items():
+        lines = (ROOT / mutant["file"]).read_text().count("\n")
+        assert 1 <= mutant["line"] <= lines, name
+        assert "->" in mutant["change"], name
+
+
+def test_the_judge_runs_every_backend_and_every_strategy():
+    backends = {"general", "gather_gemm", "einsum_baseline"}
+    assert backends <= set(available_ops())
+    assert set(JUDGE.JUDGED) == backends | {f"general[{s}]" for s in STRATEGIES}
+
+
+def test_the_readme_states_the_records_score():
+    figures = RUN.score(RECORD)
+    readme = " ".join((ROOT / "README.md").read_text().split())  # lines joined
+    stated = re.search(
+        r"mutation score \*\*(\d+)/(\d+)\*\*.*?(\d+) equivalent.*?(\d+) that differ on CUDA only"
+        r".*?(\d+) are killed only by `--full`, (\d+) only by a unit test",
+        readme,
+        re.S,
+    )
+    assert stated, "the README's validator section states no mutation score"
+    keys = ("killed", "judged", "equivalent", "cuda_only", "full_only", "test_only")
+    assert dict(zip(keys, map(int, stated.groups()), strict=True)) == figures
+    judged, pending = len(RECORD["files"]), len(RECORD["pending"])
+    assert f"{judged} of the {judged + pending} files" in readme
