@@ -5,11 +5,10 @@ backend calls the mutated function (its coverage stats, ``mutmut-stats.json``, s
 of them judges: the mutated file's own backend (:data:`HOME`), or the first in :data:`JUDGED`
 that calls the function; the others skip. It runs :func:`~fovi_ref.check.check_ops.check_ops`
 with the default graphs and ``stop_at_first_fail``, so that a killed mutant costs seconds and a
-surviving one a single battery (about a minute on one thread), not one per backend that calls
-it. A strategy is judged with it forced (:func:`~fovi_ref.strategies.forced_ops`): the routed
-``general`` may never choose it on the battery's graphs. Paths this CPU never takes are
-judged too, forced, after the one it takes (:func:`_paths`): 16-bit GEMMs run narrow, and
-``gather_gemm``'s dense ``S``.
+surviving one a single battery, not one per backend that calls it. A strategy is judged with it
+forced (:func:`~fovi_ref.strategies.forced_ops`): the routed ``general`` may never choose it on
+the battery's graphs. Paths this CPU never takes are judged too, forced, after the one it takes
+(:func:`_paths`): 16-bit GEMMs run narrow, and ``gather_gemm``'s dense ``S``.
 
 ``einsum_baseline`` is fovi's arithmetic and has one documented departure
 (:mod:`fovi_ref.check.tolerances`, "Non-finite values"): an inf in ``x`` turns the other cells

@@ -30,9 +30,10 @@ backend), ``crashed`` (the worker died), ``killed_full``, ``killed_test``, ``equ
 second stage like a survivor. A file some of whose mutants mutmut has not run yet is listed as
 ``pending`` with its mutant count, and none of its mutants is in the record.
 
-**Time.** The judge's battery takes about a minute on one thread for a plain backend; mutmut
-runs the mutants it expects to be quick first, two at a time. A killed mutant costs seconds,
-one the battery passes a whole battery, then the second stage. ``seconds_this_run`` in the
+**Time.** mutmut runs the mutants it expects to be quick first, two at a time, on one thread
+each. A killed mutant costs seconds, one the battery passes a whole battery (for a plain
+backend, ``fovi_ref/check/battery_times.json`` has the default battery's time on two threads),
+then the second stage. ``seconds_this_run`` in the
 record is the wall time of the ``make mutations`` that wrote it (mutmut's cache makes a second
 run short).
 """
