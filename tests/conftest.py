@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,16 @@ _PROFILE = dict(deadline=None, database=None, suppress_health_check=[HealthCheck
 settings.register_profile("fovi_ref", max_examples=15, derandomize=True, **_PROFILE)
 settings.register_profile("long", max_examples=400, **_PROFILE)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fovi_ref"))
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(path: str):
+    """The repository's script at ``path`` (``scripts/...``) as a module, for tests of its parts."""
+    spec = importlib.util.spec_from_file_location(f"script_{Path(path).stem}", ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(autouse=True)

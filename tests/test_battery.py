@@ -7,12 +7,11 @@ fail on a graph of the default battery, while the clean backend passes the same 
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 from test_testing_check_ops import ZeroesEmptyNodes
 
 from fovi_ref import available_ops, get_ops
@@ -22,20 +21,10 @@ from fovi_ref.segment_sum import SegmentSumPlan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ROOT = Path(__file__).resolve().parents[1]
 F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
 
 
-def _mutation_check():
-    spec = importlib.util.spec_from_file_location(
-        "mutation_check", ROOT / "scripts/mutation_check.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-MUTATION_CHECK = _mutation_check()
+MUTATION_CHECK = load_script("scripts/mutation_check.py")
 
 # bug class -> (a default-battery graph that triggers it, dtype, check that must catch it)
 CAUGHT_BY = {

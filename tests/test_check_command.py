@@ -7,7 +7,7 @@ import re
 import textwrap
 
 import pytest
-from conftest import DEVICES
+from conftest import DEVICES, ROOT
 
 from fovi_ref.check.cli import main
 
@@ -109,13 +109,10 @@ def test_device_refuses_a_device_this_machine_lacks(capsys):
 def test_the_announced_battery_times_are_the_last_measured_ones():
     """``check --help`` and the README state the times scripts/time_battery.py last measured
     (``make battery-times``), rounded: the default battery to 5 s, ``--full`` to the minute."""
-    from pathlib import Path
-
     from fovi_ref.check.check_command import DEFAULT_SECONDS, FULL_SECONDS
 
-    root = Path(__file__).resolve().parents[1]
-    record = json.loads((root / "fovi_ref/check/battery_times.json").read_text())
+    record = json.loads((ROOT / "fovi_ref/check/battery_times.json").read_text())
     assert 5 * round(record["default_seconds"] / 5) == DEFAULT_SECONDS
     assert 60 * round(record["full_seconds"] / 60) == FULL_SECONDS
-    readme = (root / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     assert f"about {DEFAULT_SECONDS} s" in readme and f"about {FULL_SECONDS // 60} min" in readme

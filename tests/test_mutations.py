@@ -7,30 +7,17 @@ The record is made by ``make mutations`` (hours on 2 cores); CI reruns a seeded 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 import tomllib
-from pathlib import Path
+
+from conftest import ROOT, load_script
 
 from fovi_ref import available_ops
 from fovi_ref.strategies import STRATEGIES
 
-ROOT = Path(__file__).resolve().parents[1]
-HERE = ROOT / "scripts" / "mutations"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"mutations_{name}", HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-RUN = _load("run")
-JUDGE = _load("judge")
+RUN = load_script("scripts/mutations/run.py")
+JUDGE = RUN.load_judge()
 RECORD = json.loads(RUN.RECORD.read_text())
 EQUIVALENTS = tomllib.loads(RUN.EQUIVALENTS.read_text())
 VERDICTS = {*RUN.KILLED, "killed_full", "killed_test", "equivalent", "cuda_only"}

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
+import importlib.util
 import json
 import os
 import random
@@ -55,6 +56,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
 from pathlib import Path
+
+from mutmut.stats import status_by_exit_code
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "scripts" / "mutations"
@@ -77,10 +80,9 @@ UNIT_TESTS = {
     "fovi_ref/layout.py": ["tests/test_backends.py"],
     "fovi_ref/knn_autograd.py": ["tests/test_custom_op.py", "tests/test_eager_function.py"],
 }
-STATUS = {1: "killed", 3: "killed", 0: "survived", -24: "timeout", 24: "timeout", 36: "timeout",
-          152: "timeout", 255: "timeout", -11: "crashed", -9: "crashed",
-          33: "not reached"}  # fmt: skip
-"""mutmut's exit codes (``mutmut.stats.status_by_exit_code``), in the record's words."""
+RENAMED = {"segfault": "crashed", "no tests": "not reached"}
+"""mutmut's words for a mutant's status (``mutmut.stats.status_by_exit_code``) that the record
+says otherwise: a worker that died, and a function no judged backend calls."""
 CUDA_ONLY = "CPU only:"
 """How an argument in equivalents.toml starts when the mutant differs on CUDA alone."""
 WHERE = ("backend", "graph", "dtype", "check", "quantity")
@@ -236,7 +238,7 @@ def judged_entry(name: str, source: str, code: int | None, old: dict) -> dict:
     second stage for one the default battery passed, unless the last record has its verdict)."""
     entry: dict = {"file": source}
     entry["line"], entry["change"] = change_of(name, source)
-    status = STATUS.get(code, f"exit {code}")
+    status = RENAMED.get(status_by_exit_code[code], status_by_exit_code[code])
     if status == "killed":
         return entry | {"verdict": "killed", "by": verdict_of(name)}
     if status not in ("survived", "not reached"):
@@ -304,6 +306,14 @@ def generate_mutants() -> None:
     create_mutants(2)
 
 
+def load_judge():
+    """``judge.py`` as a module (it is a pytest file, not a package module)."""
+    spec = importlib.util.spec_from_file_location("mutation_judge", HERE / "judge.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_sample(size: int, seed: int) -> int:
     """Rerun ``size`` killed mutants of the record, drawn with ``seed``, on the backend the
     record says killed each: each must fail there, at the same graph, dtype and check."""
@@ -313,13 +323,14 @@ def run_sample(size: int, seed: int) -> int:
         print("the record was made from other versions of the mutated files: make mutations")
         return 1
     generate_mutants()
+    judge_paths = load_judge().PATHS
     killed = sorted(n for n, m in record["mutants"].items() if m["verdict"] == "killed")
     disagree = 0
     for name in random.Random(seed).sample(killed, size):
         want = record["mutants"][name]["by"]
         (MUTANTS / "judge_verdicts" / f"{name}.json").unlink(missing_ok=True)
         judge = want["backend"]
-        for path in ("[narrow]", "[dense S]"):  # the judge's forced paths (judge.PATHS)
+        for path in judge_paths:  # the judged backend, without the path the judge forced
             judge = judge.removesuffix(path)
         failed = pytest_fails(name, [f"{JUDGE}::test_default_battery[{judge}]"],
                               MUTATION_JUDGE=judge)  # fmt: skip
