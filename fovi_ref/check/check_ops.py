@@ -14,7 +14,8 @@ axes where kernels go wrong, one axis large at a time: ``Nout``, ``Nin``, ``Cin`
 batch at 1 and at 31/32/33, 63/64/65 and 127/128/129 (batch also at 4 and 5); ``K`` at 1, 9,
 10, 17 and 40; ``V`` at 1, 16, 17 and 33; one input read by 40, 150 and 1,100 outputs (past
 twice fovi_ref's ``HUB`` and past 1,000); a ``grad_z`` over 32 MiB (channel blocks); the first
-and the last input read; padding anywhere; ``Cin = 1`` and ``Cout = 1``. The full battery
+and the last input read; padding anywhere; ``Cin = 1`` and ``Cout = 1``; ``K = V = 1``, the
+downsample convs' class (``gather_gemm`` takes no other), four ways. The full battery
 (:data:`FULL`) adds the random graphs of earlier rounds and a fovi-resnet18 layer of each kind.
 
 **The doors.** A backend is reached three ways, and each is judged:
