@@ -55,7 +55,7 @@ def test_a_registered_backend_and_a_module_object_pass_with_exit_0(capsys, tmp_p
     assert main(["check", "general", *QUICK, "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert text.startswith("check 'general': protocol PASS; graphs nout_65")
-    assert "oracle 3/3, doors 4/4" in text and ": PASS in " in text
+    assert "oracle 3/3, doors 5/5" in text and ": PASS in " in text
     assert json.loads(out.read_text())["ok"] is True
     assert main(["check", "fovi_ref.knn_general:GeneralTextbookOps", *QUICK]) == 0
 

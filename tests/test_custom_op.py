@@ -46,6 +46,25 @@ def test_opcheck(k, v, path, bias, dtype, device):
         torch.library.opcheck(_grad_weight_op, (grad_y, x.detach(), *graph))
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("k,v", [(1, 1), (9, 9)], ids=["k1", "k9"])
+def test_the_compiled_door_gives_each_input_asked_for_its_gradient(k, v, bias):
+    """A frozen input (a first layer's image, a frozen weight or bias) gets no gradient, and
+    every input that requires one gets the one it gets when all do: the backward rule reads
+    which inputs need a gradient, position by position."""
+    meta = random_meta(k, v)
+    x, w, b = sample_inputs(meta, bias=bias)
+    graph = (*op_graph_args(meta, route(meta)), route(meta))
+    grad_y = torch.randn(x.shape[0], w.shape[0], meta.n_out, dtype=x.dtype)
+    leaves = [x, w] if b is None else [x, w, b]
+    everything = torch.autograd.grad(_knn_conv_op(x, w, b, *graph), leaves, grad_y)
+    for asked in range(len(leaves)):
+        inputs = [t.detach().requires_grad_(i == asked) for i, t in enumerate(leaves)]
+        x_, w_, b_ = inputs if b is not None else [*inputs, None]
+        (got,) = torch.autograd.grad(_knn_conv_op(x_, w_, b_, *graph), inputs[asked], grad_y)
+        assert torch.equal(got, everything[asked]), asked
+
+
 def two_layer_model(device="cpu"):
     """One general layer (K=9 with padding and shared cells) feeding one gather_gemm layer."""
     torch.manual_seed(0)

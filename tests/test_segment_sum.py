@@ -93,10 +93,14 @@ def test_trees_of_several_widths_and_rows_without_terms():
     assert torch.equal(segment_sum_naive(values, dst, src, 8), expected)
 
 
-def test_a_plan_is_nine_tensors_that_round_trip_through_derived_data():
-    """Plans are stored as tensors under fixed names (no per-round keys), and read back whole."""
-    meta = hub_meta(64)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_plan_is_nine_tensors_that_round_trip_through_derived_data(device):
+    """Plans are stored as tensors under fixed names (no per-round keys), every one an int64
+    index on the graph's device (a plan without trees too), and read back whole."""
+    meta = hub_meta(64, device=device)
     data = derive(meta)
+    assert all(t.dtype == torch.int64 and t.device == meta.device for t in data.values())
+    assert SegmentSumPlan.from_derived(data, "bin").tree_dst.numel() == 0  # no tree: empty parts
     assert sorted(data) == sorted(
         f"{prefix}.{field}"
         for prefix in ("bin", "unbin")
@@ -119,13 +123,17 @@ def test_a_plan_is_nine_tensors_that_round_trip_through_derived_data():
         assert torch.equal(getattr(plan, field.name), getattr(again, field.name)), field.name
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_16_bit_sums_accumulate_in_float32_and_round_once(dtype):
+def test_16_bit_sums_accumulate_in_float32_and_round_once(dtype, device):
     """Two terms of 40000 in float16 overflow (65504 is the largest) where float32 does not; the
-    sum is rounded once at the end, so it is the float32 sum rounded, bit for bit."""
-    values = torch.tensor([[40000.0], [40000.0], [-30000.0]], dtype=dtype)
-    dst = torch.tensor([0, 0, 0])
-    src = torch.tensor([0, 1, 2])
+    sum is rounded once at the end, so it is the float32 sum rounded, bit for bit, in both forms
+    (the naive twin too, which no backend calls: this test is what holds it)."""
+    values = torch.tensor([[40000.0], [40000.0], [-30000.0]], dtype=dtype, device=device)
+    dst = torch.tensor([0, 0, 0], device=device)
+    src = torch.tensor([0, 1, 2], device=device)
     plan = build_segment_sum_plan(dst, src, 1)
     expected = (values.float()[0] + values.float()[1] + values.float()[2]).to(dtype)
-    assert torch.equal(segment_sum(values, plan), expected[None])
+    for got in (segment_sum(values, plan), segment_sum_naive(values, dst, src, 1)):
+        assert got.dtype == dtype
+        assert torch.equal(got, expected[None])

@@ -120,6 +120,26 @@ def test_an_exception_is_a_failed_row_not_a_crash():
     assert all("RuntimeError: not implemented" in r.note for r in report.failures)
 
 
+def test_gradcheck_budget_counts_the_outputs_it_back_propagates():
+    """nout_65 holds 144 input and 520 output numbers (664), nout_127 144 and 1016 (1160):
+    the default budget of 700 gradchecks the first alone, a budget of 1160 both."""
+    graphs = ["nout_65", "nout_127"]
+    kwargs = dict(graphs=graphs, dtypes=(torch.float64,), checks=("gradcheck",))
+    default = check_ops("general", **kwargs)
+    wider = check_ops("general", gradcheck_max_numbers=1160, **kwargs)
+    assert default.ok and wider.ok
+    assert [r.graph for r in default.rows if r.check == "gradcheck"] == ["nout_65"]
+    assert [r.graph for r in wider.rows if r.check == "gradcheck"] == graphs
+
+
+def test_the_custom_op_door_is_judged_on_its_bias_gradient_too():
+    """The compiled door sums grad_y into grad_bias itself (knn_autograd's backward rule), so
+    the doors check judges that gradient beside the backend's three quantities."""
+    report = check_ops("general", graphs=["base"], dtypes=(torch.float64,), checks=("doors",))
+    custom = [r.quantity for r in report.rows if "custom op" in r.note]
+    assert report.ok and custom == ["y", "grad_x", "grad_weight", "grad_bias"]
+
+
 class ZeroesEmptyNodes(ForeignOps):
     """fovi 2.4.0's layer: outputs of all-padding nodes are zero."""
 
@@ -245,7 +265,7 @@ def test_arguments_that_are_not_what_they_say_are_refused_by_name(bad):
     [
         (dict(graphs=["random"], seed=2**64), ValueError, r"seed must be in \[0, "),
         (dict(graphs=["random"], seed=1.5), TypeError, "seed must be an int"),
-        (dict(graphs=["random"], gradcheck_max_inputs="a"), TypeError, "gradcheck_max_inputs"),
+        (dict(graphs=["random"], gradcheck_max_numbers="a"), TypeError, "gradcheck_max_numbers"),
         (dict(graphs=["random"], all_padding="none"), ValueError, "all_padding"),
     ],
 )

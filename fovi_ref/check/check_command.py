@@ -38,7 +38,7 @@ __all__ = ["DESCRIPTION", "add_parser", "load_object", "run"]
 # `python -m fovi_ref check einsum_baseline` and `--full` on this project's 2-core machine:
 # fovi_ref/check/battery_times.json, rounded (tests/test_check_command.py holds them to it).
 # Every run prints its own time last.
-DEFAULT_SECONDS = 45
+DEFAULT_SECONDS = 30
 FULL_SECONDS = 60
 
 DESCRIPTION = f"""\

@@ -10,6 +10,10 @@ forced (:func:`~fovi_ref.strategies.forced_ops`): the routed ``general`` may nev
 the battery's graphs. Paths this CPU never takes are judged too, forced, after the one it takes
 (:func:`_paths`): 16-bit GEMMs run narrow, and ``gather_gemm``'s dense ``S``.
 
+A mutant of the doors' forward and backward rules (``fovi_ref.knn_autograd``) that its judge's
+battery passes is also run through every other backend's ``doors`` check: those rules serve
+every backend, and not every backend takes the same branch of them.
+
 ``einsum_baseline`` is fovi's arithmetic and has one documented departure
 (:mod:`fovi_ref.check.tolerances`, "Non-finite values"): an inf in ``x`` turns the other cells
 of its channel into nan in ``grad_weight`` where ``V > 1``. Its ``nonfinite`` check runs to the
@@ -47,7 +51,9 @@ from fovi_ref.check.check_ops import (
 from fovi_ref.precision import SIXTEEN_BIT
 from fovi_ref.strategies import STRATEGIES, forced_ops
 
-BACKENDS = ["general", "gather_gemm", "einsum_baseline"]
+# Every registered built-in backend: general_textbook is the textbook module's own door
+# (GeneralTextbookOps), which general[textbook] (the routed op, textbook forced) never calls.
+BACKENDS = ["general", "gather_gemm", "einsum_baseline", "general_textbook"]
 JUDGED = BACKENDS + [f"general[{strategy}]" for strategy in STRATEGIES]
 VERDICTS = Path("judge_verdicts")
 # The backend that judges a mutant of each module, where it calls the mutated function.
@@ -162,3 +168,24 @@ def test_default_battery(judged):
         if failures:
             _record(path, failures[0])
         assert not failures, report.table(failures[:1])
+    if mutant.startswith(DOORS_MODULE):
+        _judge_doors(judged, graphs)
+
+
+DOORS = "[doors]"
+"""The suffix of a verdict's ``backend`` where another backend's doors check killed it."""
+DOORS_MODULE = "fovi_ref.knn_autograd."
+"""The doors' module: its forward and backward rules serve every backend, and some backends
+take branches of them that others do not (einsum_baseline has no ``grad_y_layout``)."""
+
+
+def _judge_doors(judged: str, graphs) -> None:
+    """The ``doors`` check of every other backend, after ``judged``'s whole battery passed a
+    mutant of the doors' module."""
+    for other in BACKENDS:
+        if other == judged:
+            continue
+        report = check_ops(other, graphs=graphs, checks=["doors"], stop_at_first_fail=True)
+        if report.failures:
+            _record(other + DOORS, report.failures[0])
+        assert not report.failures, report.table(report.failures[:1])

@@ -4,6 +4,7 @@ battery judges every mutant, and ``record.json`` says what killed each one.
     python scripts/mutations/run.py [MUTANT_GLOB ...]   # make mutations: run, then write the record
     python scripts/mutations/run.py --sample 12 --seed 0  # CI: rerun a seeded sample of the record
     python scripts/mutations/run.py --table             # the per-file table of the record
+    python scripts/mutations/run.py --no-run --files F  # enter file F (its second stage) alone
 
 **The run.** ``mutmut run`` (its configuration is ``[tool.mutmut]`` in pyproject.toml) copies
 ``fovi_ref`` to ``mutants/``, where each function of the mutated files can switch to any of its
@@ -78,7 +79,11 @@ UNIT_TESTS = {
     "fovi_ref/strategies/node_rows.py": ["tests/test_strategies.py"],
     "fovi_ref/strategies/occupied_cells.py": ["tests/test_strategies.py"],
     "fovi_ref/layout.py": ["tests/test_backends.py"],
-    "fovi_ref/knn_autograd.py": ["tests/test_custom_op.py", "tests/test_eager_function.py"],
+    "fovi_ref/knn_autograd.py": [
+        "tests/test_custom_op.py",
+        "tests/test_eager_function.py",
+        "tests/test_testing_check_ops.py",  # the doors with a backend of the bare protocol
+    ],
 }
 RENAMED = {"segfault": "crashed", "no tests": "not reached"}
 """mutmut's words for a mutant's status (``mutmut.stats.status_by_exit_code``) that the record
@@ -123,11 +128,12 @@ def pytest_fails(mutant: str, args: list[str], **extra: str) -> bool:
 
 
 def sync_unmutated() -> None:
-    """Copy fovi_ref's files that are not mutated (the harness, the judge's battery) into
-    ``mutants/`` where they differ: mutmut copies a file there only once. A harness change
-    can change verdicts that mutmut's cache keeps; ``rm -rf mutants`` judges everything again."""
+    """Copy fovi_ref's files that are not mutated (the harness, the judge's battery) and the
+    tests (the second stage's) into ``mutants/`` where they differ: mutmut copies a source file
+    there only once, and the tests only when it runs. A harness change can change verdicts that
+    mutmut's cache keeps; ``rm -rf mutants`` judges everything again."""
     mutated = set(mutated_files())
-    for path in (ROOT / "fovi_ref").rglob("*"):
+    for path in [*(ROOT / "fovi_ref").rglob("*"), *(ROOT / "tests").rglob("*")]:
         relative = str(path.relative_to(ROOT))
         copy = MUTANTS / relative
         if not path.is_file() or "__pycache__" in relative or relative in mutated:
@@ -192,12 +198,14 @@ def second_stage(mutant: str, source: str) -> tuple[str, dict]:
 
 
 # ---------------------------------------------------------------------------------- the job
-def run_job(names: list[str], run: bool = True) -> None:
+def run_job(names: list[str], run: bool = True, files: list[str] | None = None) -> None:
     """mutmut run (unless ``run`` is False: its cache as it is), then the second stage for its
-    survivors, then the record."""
+    survivors, then the record. ``files``: enter only these in the record beside the files it
+    has (the second stage of a file's survivors takes minutes each); ``None``: every file whose
+    mutants mutmut has all judged. A file not entered is listed as pending."""
     start = time.monotonic()
+    sync_unmutated()
     if run:
-        sync_unmutated()
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         command = [sys.executable, "-m", "mutmut", "run", "--max-children", "2", *names]
         subprocess.run(command, cwd=ROOT, env=env, check=True)
@@ -205,6 +213,8 @@ def run_job(names: list[str], run: bool = True) -> None:
     equivalents = tomllib.loads(EQUIVALENTS.read_text()) if EQUIVALENTS.exists() else {}
     results = mutmut_results()
     unjudged = {source for source, code in results.values() if code is None}
+    if files is not None:
+        unjudged |= {s for s, _ in results.values()} - {*previous.get("files", {}), *files}
     pending = Counter(source for source, _ in results.values() if source in unjudged)
     judged = sorted((n, s, c) for n, (s, c) in results.items() if s not in pending)
 
@@ -323,15 +333,17 @@ def run_sample(size: int, seed: int) -> int:
         print("the record was made from other versions of the mutated files: make mutations")
         return 1
     generate_mutants()
-    judge_paths = load_judge().PATHS
+    judge_module = load_judge()
     killed = sorted(n for n, m in record["mutants"].items() if m["verdict"] == "killed")
     disagree = 0
     for name in random.Random(seed).sample(killed, size):
         want = record["mutants"][name]["by"]
         (MUTANTS / "judge_verdicts" / f"{name}.json").unlink(missing_ok=True)
         judge = want["backend"]
-        for path in judge_paths:  # the judged backend, without the path the judge forced
+        for path in judge_module.PATHS:  # the judged backend, without the path the judge forced
             judge = judge.removesuffix(path)
+        if judge.endswith(judge_module.DOORS):  # another backend's doors, after the home battery
+            judge = judge_module.HOME[name.rpartition("__mutmut_")[0].rpartition(".")[0]]
         failed = pytest_fails(name, [f"{JUDGE}::test_default_battery[{judge}]"],
                               MUTATION_JUDGE=judge)  # fmt: skip
         got = verdict_of(name)
@@ -351,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--table", action="store_true", help="print the record's table")
     parser.add_argument("--no-run", action="store_true", help="the record from mutmut's cache")
+    parser.add_argument("--files", nargs="*", help="enter only these files (and the record's)")
     args = parser.parse_args(argv)
     os.chdir(ROOT)  # mutmut reads its mutants/ relative to the working directory
     if args.table:
@@ -360,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.sample:
         return run_sample(args.sample, args.seed)
-    run_job(args.names, run=not args.no_run)
+    run_job(args.names, run=not args.no_run, files=args.files)
     return 0
 
 
