@@ -44,16 +44,9 @@ def test_no_mutant_survived_and_every_equivalent_is_argued():
         if mutant["verdict"] == "killed":
             assert set(mutant["by"]) >= {"backend", "graph", "dtype", "check", "quantity"}
     argued = {n for n, v in verdicts.items() if v in ("equivalent", "cuda_only")}
-    stale = {n for n in EQUIVALENTS if file_of(n) in RECORD["files"]} - argued
+    stale = {n for n in EQUIVALENTS if RUN.file_of(n) in RECORD["files"]} - argued
     assert not stale, f"arguments for mutants that are not equivalent in the record: {stale}"
-    assert all(file_of(n) in RUN.mutated_files() for n in EQUIVALENTS)  # pending files' wait
-
-
-def file_of(mutant: str) -> str:
-    """The mutated file of a mutmut name: ``fovi_ref.segment_sum.x_f__mutmut_3`` is
-    ``fovi_ref/segment_sum.py`` (a package's module is its ``__init__.py``)."""
-    module = mutant.rpartition("__mutmut_")[0].rpartition(".")[0].replace(".", "/")
-    return f"{module}.py" if (ROOT / f"{module}.py").exists() else f"{module}/__init__.py"
+    assert all(RUN.file_of(n) in RUN.mutated_files() for n in EQUIVALENTS)  # pending files' wait
 
 
 def test_every_mutant_has_a_place_and_a_change():

@@ -147,6 +147,13 @@ def _paths(judged: str) -> list[tuple[str, object, tuple]]:
     return paths
 
 
+DOORS = "[doors]"
+"""The suffix of a verdict's ``backend`` where another backend's doors check killed it."""
+DOORS_MODULE = "fovi_ref.knn_autograd."
+"""The doors' module: its forward and backward rules serve every backend, and some backends
+take branches of them that others do not (einsum_baseline has no ``grad_y_layout``)."""
+
+
 @pytest.mark.parametrize("judged", JUDGED)
 def test_default_battery(judged):
     mutant = os.environ.get("MUTANT_UNDER_TEST", "")
@@ -170,13 +177,6 @@ def test_default_battery(judged):
         assert not failures, report.table(failures[:1])
     if mutant.startswith(DOORS_MODULE):
         _judge_doors(judged, graphs)
-
-
-DOORS = "[doors]"
-"""The suffix of a verdict's ``backend`` where another backend's doors check killed it."""
-DOORS_MODULE = "fovi_ref.knn_autograd."
-"""The doors' module: its forward and backward rules serve every backend, and some backends
-take branches of them that others do not (einsum_baseline has no ``grad_y_layout``)."""
 
 
 def _judge_doors(judged: str, graphs) -> None:

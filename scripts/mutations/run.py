@@ -106,6 +106,18 @@ def mutated_files() -> list[str]:
     return sorted(f for f in found if f.endswith(".py"))
 
 
+def module_of(mutant: str) -> str:
+    """The module of a mutmut name: ``fovi_ref.segment_sum.x_f__mutmut_3`` is
+    ``fovi_ref.segment_sum``."""
+    return mutant.rpartition("__mutmut_")[0].rpartition(".")[0]
+
+
+def file_of(mutant: str) -> str:
+    """The mutated file of a mutmut name (a package's module is its ``__init__.py``)."""
+    module = module_of(mutant).replace(".", "/")
+    return f"{module}.py" if (ROOT / f"{module}.py").exists() else f"{module}/__init__.py"
+
+
 def file_hashes() -> dict[str, str]:
     """sha256 of every mutated file, as the record stores them."""
     return {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest() for f in mutated_files()}
@@ -343,7 +355,7 @@ def run_sample(size: int, seed: int) -> int:
         for path in judge_module.PATHS:  # the judged backend, without the path the judge forced
             judge = judge.removesuffix(path)
         if judge.endswith(judge_module.DOORS):  # another backend's doors, after the home battery
-            judge = judge_module.HOME[name.rpartition("__mutmut_")[0].rpartition(".")[0]]
+            judge = judge_module.HOME[module_of(name)]
         failed = pytest_fails(name, [f"{JUDGE}::test_default_battery[{judge}]"],
                               MUTATION_JUDGE=judge)  # fmt: skip
         got = verdict_of(name)
