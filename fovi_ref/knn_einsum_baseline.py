@@ -16,7 +16,9 @@ in float64, forward and gradients (``tests/test_fovi_upstream.py``), except that
 layer zeroes all-padding nodes, which output the bias here as in the formula (no fovi-resnet18
 graph has one). Non-finite inputs behave as in fovi: the one-hot einsum multiplies every gathered
 feature by the zeros of the other cells, so with V > 1 an ``inf`` in ``x`` becomes ``nan``
-(``inf * 0``) in the node's other cells and in every cell column of the weight gradient.
+(``inf * 0``) in the node's other cells and in every cell column of the weight gradient. And as
+in fovi, a float16 cell is stored in float16 before the linear, so a cell past 65504 is ``inf``
+where the output is finite.
 """
 
 from __future__ import annotations

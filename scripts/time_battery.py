@@ -24,8 +24,8 @@ RECORD = ROOT / "fovi_ref" / "check" / "battery_times.json"
 
 
 def timed(*options: str) -> float:
-    """Wall seconds of one ``check einsum_baseline`` run (which must pass but for its one
-    documented departure, so its exit status is not asked for)."""
+    """Wall seconds of one ``check einsum_baseline`` run (which must pass but for its
+    documented departures, so its exit status is not asked for)."""
     start = time.perf_counter()
     command = [sys.executable, "-m", "fovi_ref", "check", "einsum_baseline", *options]
     subprocess.run(command, cwd=ROOT, capture_output=True, check=False)

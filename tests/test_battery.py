@@ -15,13 +15,20 @@ from conftest import load_script
 from test_testing_check_ops import ZeroesEmptyNodes
 
 from fovi_ref import available_ops, get_ops
-from fovi_ref.check.check_ops import CHECKS, DEFAULT, OpsReport, ReportRow, check_ops
+from fovi_ref.check.check_ops import (
+    CHECKS,
+    DEFAULT,
+    F16_PAST_MAX_NOTE,
+    OpsReport,
+    ReportRow,
+    check_ops,
+)
 from fovi_ref.check.graphs import BOUNDARIES, SPANNING, graph_seed, spanning_graph
 from fovi_ref.segment_sum import SegmentSumPlan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
+F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
 
 
 MUTATION_CHECK = load_script("scripts/mutation_check.py")
@@ -129,6 +136,17 @@ def test_each_bug_class_fails_a_default_graph_and_the_clean_backend_passes_it(ki
     assert mutant.applied and not report.ok, report
 
 
+def test_a_float16_cell_past_65504_under_a_finite_y_fails_the_rounding_check():
+    """general's channel rows kept in float16 (a mutant of knn_general's bin_neighbours) passed
+    every other row: a cell summed or stored in float16 overflows only past 65504."""
+    kwargs = dict(graphs=["base"], dtypes=[F16], checks=["rounding"])
+    assert check_ops("general", **kwargs).ok
+    mutant = MUTATION_CHECK.Mutant(get_ops("general"), "cells_summed_in_dtype", "")
+    past_max = [r for r in check_ops(mutant, **kwargs).rows if r.note.endswith(F16_PAST_MAX_NOTE)]
+    assert [(r.quantity, r.ok) for r in past_max] == [("y", False)], past_max
+    assert "non-finite mismatches" in past_max[0].note
+
+
 def test_a_16_bit_gradient_at_a_hub_is_judged_by_the_float32_accumulation_rule():
     """At 150 readers in bfloat16 the h-store bound reaches |ref|: those elements are judged
     with h = 1, and the row says so; general accumulates in float32 and passes."""
@@ -175,7 +193,8 @@ def test_every_check_has_a_row_for_general():
     assert report.ok, report.table(report.failures)
     assert {r.check for r in report.rows} == set(CHECKS)
     doors = {r.note for r in report.rows if r.check == "doors"}
-    assert doors == {"plain forward (no_grad)", "custom op (the compiled door)"}
+    alone = {f"custom op, {q} alone asked for" for q in ("grad_x", "grad_weight", "grad_bias")}
+    assert doors == {"plain forward (no_grad)", "custom op (the compiled door)", *alone}
 
 
 def test_every_backend_has_default_graphs_it_takes():

@@ -61,7 +61,16 @@ def test_there_is_a_script_per_finding():
     assert len(SCRIPTS) == 8, SCRIPTS
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
+# graphs_depend_on_machine.py builds its graphs under two arithmetic settings of its own.
+SHOWS_DEFECT = [
+    pytest.param(name, marks=pytest.mark.sets_its_own_arithmetic)
+    if name == "graphs_depend_on_machine.py"
+    else name
+    for name in SCRIPTS
+]
+
+
+@pytest.mark.parametrize("name", SHOWS_DEFECT)
 def test_each_script_still_shows_its_defect(name):
     done = run_script(name)
     assert "Traceback" not in done.stderr, done.stderr[-3000:]

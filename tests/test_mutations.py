@@ -11,12 +11,14 @@ import json
 import re
 import tomllib
 
+import pytest
 from conftest import ROOT, load_script
 
 from fovi_ref import available_ops
 from fovi_ref.strategies import STRATEGIES
 
 RUN = load_script("scripts/mutations/run.py")
+PLANTED = load_script("scripts/mutation_check.py")
 JUDGE = RUN.load_judge()
 RECORD = json.loads(RUN.RECORD.read_text())
 EQUIVALENTS = tomllib.loads(RUN.EQUIVALENTS.read_text())
@@ -76,3 +78,23 @@ def test_the_readme_states_the_records_score():
     assert dict(zip(keys, map(int, stated.groups()), strict=True)) == figures
     judged, pending = len(RECORD["files"]), len(RECORD["pending"])
     assert f"{judged} of the {judged + pending} files" in readme
+
+
+def test_each_retired_planted_class_has_a_quiet_mutant_the_oracle_kills():
+    """scripts/mutation_check.py retires a planted bug class only for a mutant of the record
+    that makes the same kind of bug: a wrong value the oracle finds, not an exception."""
+    for kind, (name, _) in PLANTED.RETIRED.items():
+        assert kind not in PLANTED.MUTATIONS, kind
+        mutant = RECORD["mutants"][name]
+        assert mutant["verdict"] == "killed", (kind, mutant)
+        assert mutant["by"]["check"] == "oracle", (kind, mutant)
+        assert not mutant["by"]["note"].startswith("raised"), (kind, mutant)
+
+
+def test_mutant_names_after_files_are_refused_not_run_as_a_whole_job(capsys):
+    """``--files`` takes every argument after it: a mutant name there would leave none to
+    rerun, and mutmut would run every unjudged mutant (hours)."""
+    with pytest.raises(SystemExit) as stopped:
+        RUN.main(["--files", "fovi_ref/layout.py", "fovi_ref.layout.x_linear_rows__mutmut_3"])
+    assert stopped.value.code == 2
+    assert "put mutant names before it" in capsys.readouterr().err

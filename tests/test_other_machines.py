@@ -82,6 +82,7 @@ def test_every_flip_under_another_arithmetic_is_a_tie(arithmetic, layers, certif
             assert node_pairs(moved, node) == node_pairs(g.meta, node), (name, node)
 
 
+@pytest.mark.sets_its_own_arithmetic
 def test_exact_graphs_are_bitwise_the_same_under_every_arithmetic():
     """arithmetic="exact" builds the same tensors, bit for bit, here and under every setting that
     changes fovi's own graphs (and one thread with MKL's AVX2 kernels)."""

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from fovi_ref import get_ops
-from fovi_ref.check.check_ops import CHECKS, check_ops
+from fovi_ref import get_ops, knn_autograd
+from fovi_ref.check.check_ops import CHECKS, F16_PAST_MAX_NOTE, check_ops
 
 FAST = ("random", "layer4.0.downsample.0", "layer4.1.conv1")
 LOW = (torch.float16, torch.bfloat16)
@@ -41,16 +41,20 @@ def test_gather_gemm_graphs_it_does_not_support_are_skipped(reports):
     assert all(r.ok and "skipped" in r.note for r in skipped)
 
 
-def test_einsum_baseline_differs_only_where_an_inf_meets_its_one_hot_product():
+def test_einsum_baseline_differs_only_where_fovis_path_makes_inf_or_nan():
     """fovi's path multiplies every neighbour by its one-hot row, so an inf input becomes nan in
     every *other* cell of its channel (inf * 0): grad_weight is nan where the formula has finite
-    values. Nothing else differs; with one cell (V = 1) nothing does."""
+    values. It also stores float16 cells, so a cell past 65504 makes a finite y inf. Nothing
+    else differs; with one cell (V = 1) and one neighbour (K = 1) nothing does."""
     report = check_ops("einsum_baseline", graphs=FAST)
     failures = report.failures
-    assert failures, "the known difference went away: update this test and the docs"
-    assert {(r.check, r.quantity) for r in failures} == {("nonfinite", "grad_weight")}
+    assert failures, "the known differences went away: update this test and the docs"
+    found = {(r.check, r.dtype, r.quantity) for r in failures}
+    assert {(c, q) for c, _, q in found} == {("nonfinite", "grad_weight"), ("rounding", "y")}
+    assert {d for c, d, _ in found if c == "rounding"} == {"float16"}
     assert "random_k1_v1" not in {r.graph for r in failures}
     assert all("non-finite mismatches" in r.note for r in failures)
+    assert all(r.note.endswith(F16_PAST_MAX_NOTE) for r in failures if r.check == "rounding")
 
 
 class ForeignOps:
@@ -136,8 +140,38 @@ def test_the_custom_op_door_is_judged_on_its_bias_gradient_too():
     """The compiled door sums grad_y into grad_bias itself (knn_autograd's backward rule), so
     the doors check judges that gradient beside the backend's three quantities."""
     report = check_ops("general", graphs=["base"], dtypes=(torch.float64,), checks=("doors",))
-    custom = [r.quantity for r in report.rows if "custom op" in r.note]
+    custom = [r.quantity for r in report.rows if r.note == "custom op (the compiled door)"]
     assert report.ok and custom == ["y", "grad_x", "grad_weight", "grad_bias"]
+
+
+def test_the_custom_op_door_is_judged_with_one_gradient_asked_for_at_a_time():
+    """A frozen weight or input: each gradient asked for alone (grad_x and grad_weight without
+    a bias), on the calling-convention graph only. A backward that computes grad_x only when
+    the weight wants a gradient fails the row of grad_x alone."""
+    report = check_ops("general", graphs=["base"], dtypes=(torch.float64,), checks=("doors",))
+    alone = [r.quantity for r in report.rows if r.note.endswith("alone asked for")]
+    assert report.ok and alone == ["grad_x", "grad_weight", "grad_bias"]
+    sizes = check_ops("general", graphs=["nout_65"], dtypes=(torch.float64,), checks=("doors",))
+    assert not [r for r in sizes.rows if r.note.endswith("alone asked for")]
+
+
+def test_a_door_that_drops_a_gradient_asked_for_alone_fails():
+    """The custom op's backward rule with one planted bug: grad_x only where the weight wants a
+    gradient too (mutmut wrote it: knn_autograd's needs_input_grad[0] read as [1])."""
+    op, original = knn_autograd._knn_conv_op, knn_autograd._backward
+    setup = knn_autograd._setup_context
+
+    def drops_grad_x_with_a_frozen_weight(ctx, grad_y):
+        grad_x, *rest = original(ctx, grad_y)
+        return (grad_x if ctx.needs_input_grad[1] else None, *rest)
+
+    op.register_autograd(drops_grad_x_with_a_frozen_weight, setup_context=setup)
+    try:
+        report = check_ops("general", graphs=["base"], dtypes=(torch.float64,), checks=("doors",))
+    finally:
+        op.register_autograd(original, setup_context=setup)
+    (failed,) = report.failures
+    assert failed.quantity == "grad_x" and "(custom op, grad_x alone asked for)" in failed.note
 
 
 class ZeroesEmptyNodes(ForeignOps):

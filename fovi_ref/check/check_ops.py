@@ -35,13 +35,16 @@ oracle         ``y`` and the gradients agree with the float64 oracle by the elem
                rule of :mod:`fovi_ref.check.tolerances` (``einsum_baseline``'s ratio
                reported on the graphs that test calling conventions)
 doors          the same for the plain forward and for the custom op and its backward
+               (on ``base``, each gradient also asked for alone, the other inputs frozen)
 cancellation   the same, with a bias that cancels ``W x`` and upstream gradients that
                cancel in pairs: the rule must hold where the results are tiny
 rounding       (float16 and bfloat16) cells whose partial sums dwarf their sum: in each
                channel one cell of three or more neighbours adds ``+A``, small values,
                then ``-A`` (``A = 2/u``), and a one-hot weight hands that cell alone to
                an output: summing a cell in the working dtype loses the small values,
-               which the rule's one store of ``z`` (relative to ``|z|``) does not allow
+               which the rule's one store of ``z`` (relative to ``|z|``) does not allow;
+               (float16) a cell of two inputs of 40,000 read with a weight of 2^-10:
+               ``y`` is 78.125, finite, and a cell stored in float16 makes it inf
 padding        inputs that no real neighbour reads hold inf (and the upstream gradient is
                large at all-padding nodes): the oracle still holds, all-padding outputs
                are exactly the bias (or 0), unread inputs get exactly zero gradient
@@ -233,19 +236,21 @@ def _registered(ops: Any) -> Iterator[str]:
         unregister_ops(name)
 
 
-def _run_custom_op(name: str, meta, x, w, b, gy) -> dict[str, torch.Tensor]:
+def _run_custom_op(name: str, meta, x, w, b, gy, asked: str | None = None) -> dict:
     """The compiled door, called eagerly: ``torch.ops.fovi_ref.knn_conv`` and its backward,
     ``grad_bias`` too where there is a bias (the door's own sum of ``grad_y``, not the
-    backend's)."""
+    backend's). ``asked``: the one gradient asked for (``"grad_x"``, ``"grad_weight"`` or
+    ``"grad_bias"``), the other inputs frozen, as when a caller freezes a weight; ``None``:
+    every gradient."""
     derived = derive_for(meta, name)
-    x, w = (t.detach().requires_grad_() for t in (x, w))
-    b = None if b is None else b.detach().requires_grad_()
+    leaves = {"grad_x": x, "grad_weight": w} | ({} if b is None else {"grad_bias": b})
+    leaves = {q: t.detach().requires_grad_(asked in (None, q)) for q, t in leaves.items()}
     graph = (meta.knn, meta.rf_index, list(derived.values()), ",".join(derived))
+    x, w, b = leaves["grad_x"], leaves["grad_weight"], leaves.get("grad_bias")
     y = torch.ops.fovi_ref.knn_conv(x, w, b, *graph, meta.n_in, meta.v, name)
-    leaves = (x, w) if b is None else (x, w, b)
-    grads = torch.autograd.grad(y, leaves, gy.to(y.dtype))
-    got = {"y": y.detach(), "grad_x": grads[0], "grad_weight": grads[1]}
-    return got if b is None else got | {"grad_bias": grads[2]}
+    wanted = {q: t for q, t in leaves.items() if t.requires_grad}
+    grads = torch.autograd.grad(y, list(wanted.values()), gy.to(y.dtype))
+    return {"y": y.detach(), **dict(zip(wanted, grads, strict=True))}
 
 
 # ------------------------------------------------------------------------------------ report
@@ -431,10 +436,13 @@ class _Case:
             replay=self.replay(check),
         )
 
-    def error_row(self, check: str, quantity: str, err: Exception) -> ReportRow:
+    def error_row(self, check: str, quantity: str, err: Exception, door: str = "") -> ReportRow:
+        """A failed row for a call that raised ``err`` (``door``: which call, where a check
+        makes several)."""
         text = f"{type(err).__name__}: {err}".splitlines()[0][:160]
+        note = f"raised {text}" + (f" ({door})" if door else "")
         return ReportRow(self.graph.name, dtype_name(self.dtype), check, quantity, False,
-                         note=f"raised {text}", replay=self.replay(check))  # fmt: skip
+                         note=note, replay=self.replay(check))  # fmt: skip
 
     def plain_row(self, check: str, ok: bool, note: str = "", **figures: Any) -> ReportRow:
         replay = "" if ok else self.replay(check)
@@ -484,6 +492,32 @@ def _cancelling(case: _Case, x, w, b, gy) -> list[torch.Tensor]:
     return [x, w, b, gy.to(case.dtype)]
 
 
+def _cells_of_distinct_inputs(meta: KNNMeta, at_least: int) -> list[tuple[int, int, list]]:
+    """``(v, n, inputs in k order)`` of the first ``Cin`` cells (node-major) with ``at_least``
+    real neighbours, all of them distinct inputs: one target cell per channel at most, and a
+    loop over the nodes of a res18 layer stops early."""
+    cells = []
+    for n in range(meta.n_out):
+        real = ~meta.pad_mask[:, n]  # [K]
+        for v in meta.rf_index[n][real].unique().tolist():
+            inputs = meta.knn[:, n][real & (meta.rf_index[n] == v)].tolist()  # in k order
+            if len(inputs) >= at_least and len(set(inputs)) == len(inputs):
+                cells.append((v, n, inputs))
+                if len(cells) == meta.in_channels:
+                    return cells
+    return cells
+
+
+def _one_hot_cells(meta: KNNMeta, w, targets, scale: float) -> torch.Tensor:
+    """``[Cout, Cin*V]`` float64: output ``o`` reads channel ``c = o mod Cin``'s target cell
+    ``targets[c mod T]`` alone, times ``scale``."""
+    w = torch.zeros(w.shape, dtype=torch.float64)
+    for c in range(meta.in_channels):
+        v = targets[c % len(targets)][0]
+        w[c :: meta.in_channels, c * meta.v + v] = scale
+    return w
+
+
 def _big_partial_sums(case: _Case, x, w, b, gy) -> list[torch.Tensor] | None:
     """Operands under which a cell summed in the working dtype shows (check ``rounding``), or
     ``None`` for a dtype that accumulates in itself or a graph without a cell of three or more
@@ -495,24 +529,47 @@ def _big_partial_sums(case: _Case, x, w, b, gy) -> list[torch.Tensor] | None:
     if case.dtype not in (torch.float16, torch.bfloat16):
         return None
     meta = case.graph.meta
-    targets = []  # (v, n, first input, last input) of cells with 3+ distinct inputs
-    for n in range(meta.n_out):
-        real = ~meta.pad_mask[:, n]  # [K]
-        for v in meta.rf_index[n][real].unique().tolist():
-            inputs = meta.knn[:, n][real & (meta.rf_index[n] == v)].tolist()  # in k order
-            if len(inputs) >= 3 and len(set(inputs)) == len(inputs):
-                targets.append((v, n, inputs[0], inputs[-1]))
+    targets = _cells_of_distinct_inputs(meta, at_least=3)
     if not targets:
         return None
     big = 2 / UNIT_ROUNDOFF[case.dtype]
     g = torch.Generator().manual_seed(case.seed + 2)
     x = 0.5 + 0.5 * torch.rand(x.shape, generator=g, dtype=torch.float64)  # [B, Cin, Nin]
-    w = torch.zeros(w.shape, dtype=torch.float64)  # [Cout, Cin*V]
     for c in range(meta.in_channels):
-        v, _, first, last = targets[c % len(targets)]
-        x[:, c, first] = big
-        x[:, c, last] = -big
-        w[c :: meta.in_channels, c * meta.v + v] = 1.0  # outputs o = c mod Cin read the cell
+        _, _, inputs = targets[c % len(targets)]
+        x[:, c, inputs[0]] = big
+        x[:, c, inputs[-1]] = -big
+    w = _one_hot_cells(meta, w, targets, 1.0)
+    b = None if b is None else torch.zeros_like(b)
+    return [t.to(case.device, case.dtype) for t in (x, w)] + [b, gy]
+
+
+F16_PAST_MAX = 40000.0
+"""An input value two of which sum past float16's largest finite value, 65504."""
+F16_PAST_MAX_NOTE = "a float16 cell past 65504, y finite"
+
+
+def _cells_past_float16_max(case: _Case, x, w, b, gy) -> list[torch.Tensor] | None:
+    """Operands whose exact ``y`` is finite in float16 while a cell is not (check ``rounding``),
+    or ``None`` for another dtype or a graph without a cell of two distinct inputs. Channel
+    ``c``'s target cell (``c mod T``) reads inputs of :data:`F16_PAST_MAX` each (every other
+    input holds a value in ``[1/2, 1)``), and output ``o`` reads channel ``o mod Cin``'s target
+    cell alone with a weight of ``2^-10``: ``y`` is about ``K * 39`` at most, but a cell stored
+    in float16 is inf (fovi's path; scripts/fovi_findings/f16_cell_sum_overflow.py). ``y``
+    alone is judged: the exact weight gradient, ``grad_y`` times the cells, need not be
+    finite in float16."""
+    if case.dtype != torch.float16:
+        return None
+    meta = case.graph.meta
+    targets = _cells_of_distinct_inputs(meta, at_least=2)
+    if not targets:
+        return None
+    g = torch.Generator().manual_seed(case.seed + 3)
+    x = 0.5 + 0.5 * torch.rand(x.shape, generator=g, dtype=torch.float64)  # [B, Cin, Nin]
+    for c in range(meta.in_channels):
+        _, _, inputs = targets[c % len(targets)]
+        x[:, c, inputs] = F16_PAST_MAX
+    w = _one_hot_cells(meta, w, targets, 2.0**-10)
     b = None if b is None else torch.zeros_like(b)
     return [t.to(case.device, case.dtype) for t in (x, w)] + [b, gy]
 
@@ -538,14 +595,17 @@ def _baseline(case: _Case, operands, exclude: str | None) -> dict[str, torch.Ten
     return _run(BASELINE, case.graph.meta, *operands)
 
 
-def _check_oracle(ops, case, operands, check, *, name=None, expected=None):
-    """The oracle (or cancellation) check through the eager door; ``(rows, results)``."""
+def _check_oracle(ops, case, operands, check, *, name=None, expected=None, quantities=JUDGED,
+                  note=""):  # fmt: skip
+    """The oracle (or cancellation, rounding) check through the eager door, on
+    ``quantities``; ``(rows, results)``."""
     try:
         got = _run(ops, case.graph.meta, *operands)
     except Exception as err:  # a conformance check reports; it does not crash
-        return [case.error_row(check, "all", err)], None
+        return [case.error_row(check, "all", err, door=note)], None
     expected = _expected(case, *operands) if expected is None else expected
-    return _judge(case, check, got, expected, _baseline(case, operands, name)), got
+    baseline = _baseline(case, operands, name)
+    return _judge(case, check, got, expected, baseline, note, quantities), got
 
 
 def _check_doors(ops, door: str, case, operands, expected) -> list[ReportRow]:
@@ -559,14 +619,28 @@ def _check_doors(ops, door: str, case, operands, expected) -> list[ReportRow]:
         verdict = judge_elementwise(y, expected["y"], dtype=case.dtype)
         rows.append(case.row("doors", verdict, "plain forward (no_grad)"))
     except Exception as err:
-        rows.append(case.error_row("doors", "y", err))
+        rows.append(case.error_row("doors", "y", err, door="plain forward (no_grad)"))
+    note = "custom op (the compiled door)"
     try:
         got = _run_custom_op(door, case.graph.meta, x, w, b, gy)
     except Exception as err:
-        return rows + [case.error_row("doors", "all", err)]
+        return rows + [case.error_row("doors", "all", err, door=note)]
     quantities = [*JUDGED, "grad_bias"] if "grad_bias" in got else JUDGED
-    note = "custom op (the compiled door)"
-    return rows + _judge(case, "doors", got, expected, note=note, quantities=quantities)
+    rows += _judge(case, "doors", got, expected, note=note, quantities=quantities)
+    if case.graph.name in _SIZES_ONLY:
+        return rows
+    # A calling convention: one gradient asked for, the other inputs frozen. grad_x and
+    # grad_weight are asked without a bias (a bias-free layer), grad_bias with one.
+    for asked in quantities[1:]:
+        bias = b if asked == "grad_bias" else None
+        note = f"custom op, {asked} alone asked for"
+        try:
+            alone = _run_custom_op(door, case.graph.meta, x, w, bias, gy, asked=asked)
+        except Exception as err:
+            rows.append(case.error_row("doors", asked, err, door=note))
+            continue
+        rows += _judge(case, "doors", alone, expected, note=note, quantities=[asked])
+    return rows
 
 
 def _unread_inputs(meta: KNNMeta) -> torch.Tensor:
@@ -868,6 +942,10 @@ def _run_checks(ops, door: str, case: _Case, checks: Sequence[str]) -> list[Repo
     big_partials = _big_partial_sums(case, *operands) if "rounding" in checks else None
     if big_partials is not None:
         rows += _check_oracle(ops, case, big_partials, "rounding", name=ops.name)[0]
+    past_max = _cells_past_float16_max(case, *operands) if "rounding" in checks else None
+    if past_max is not None:
+        rows += _check_oracle(ops, case, past_max, "rounding", name=ops.name, quantities=("y",),
+                              note=F16_PAST_MAX_NOTE)[0]  # fmt: skip
     if "padding" in checks:
         rows += _check_padding(ops, case, operands)
     if "nonfinite" in checks:

@@ -164,7 +164,10 @@ nan). Non-finite *upstream gradients* and *weights* are outside this promise: ev
 cells multiplies them by the zeros of cells a node does not use (``0 * inf``), which the
 formula has no term for. For an inf in ``x`` the same happens inside fovi's one-hot einsum
 (``einsum_baseline``): the inf meets the zeros of its one-hot row and turns every other cell of
-its channel into nan, so that backend's ``grad_weight`` fails this check where ``V > 1``.
+its channel into nan, so that backend's ``grad_weight`` fails this check where ``V > 1``. That
+path also stores each cell in the working dtype, so a float16 cell past 65504 is inf where ``M``
+and ``y`` are finite (check ``rounding``; fovi's finding
+``scripts/fovi_findings/f16_cell_sum_overflow.py``): ``einsum_baseline`` fails those rows too.
 
 **The baseline**, ``einsum_baseline`` (fovi's path) run in the same dtype, is judged by the same
 rule and its worst ratio is *reported* beside the backend's, not used for pass/fail: it shows

@@ -5,6 +5,7 @@ battery judges every mutant, and ``record.json`` says what killed each one.
     python scripts/mutations/run.py --sample 12 --seed 0  # CI: rerun a seeded sample of the record
     python scripts/mutations/run.py --table             # the per-file table of the record
     python scripts/mutations/run.py --no-run --files F  # enter file F (its second stage) alone
+    python scripts/mutations/run.py NAME ... --files F  # rerun mutants, enter F (names first)
 
 **The run.** ``mutmut run`` (its configuration is ``[tool.mutmut]`` in pyproject.toml) copies
 ``fovi_ref`` to ``mutants/``, where each function of the mutated files can switch to any of its
@@ -377,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-run", action="store_true", help="the record from mutmut's cache")
     parser.add_argument("--files", nargs="*", help="enter only these files (and the record's)")
     args = parser.parse_args(argv)
+    stray = [f for f in args.files or [] if not f.endswith(".py")]
+    if stray:  # --files takes every argument after it
+        parser.error(f"--files takes .py files; put mutant names before it: {stray}")
     os.chdir(ROOT)  # mutmut reads its mutants/ relative to the working directory
     if args.table:
         record = json.loads(RECORD.read_text())
