@@ -43,8 +43,9 @@ rounding       (float16 and bfloat16) cells whose partial sums dwarf their sum: 
                then ``-A`` (``A = 2/u``), and a one-hot weight hands that cell alone to
                an output: summing a cell in the working dtype loses the small values,
                which the rule's one store of ``z`` (relative to ``|z|``) does not allow;
-               (float16) a cell of two inputs of 40,000 read with a weight of 2^-10:
-               ``y`` is 78.125, finite, and a cell stored in float16 makes it inf
+               (float16) a cell of two or more inputs of 40,000 read with a weight of
+               2^-10: ``y`` is finite (78.125 for two), and a cell stored in float16 makes
+               it inf
 padding        inputs that no real neighbour reads hold inf (and the upstream gradient is
                large at all-padding nodes): the oracle still holds, all-padding outputs
                are exactly the bias (or 0), unread inputs get exactly zero gradient
@@ -494,8 +495,8 @@ def _cancelling(case: _Case, x, w, b, gy) -> list[torch.Tensor]:
 
 def _cells_of_distinct_inputs(meta: KNNMeta, at_least: int) -> list[tuple[int, int, list]]:
     """``(v, n, inputs in k order)`` of the first ``Cin`` cells (node-major) with ``at_least``
-    real neighbours, all of them distinct inputs: one target cell per channel at most, and a
-    loop over the nodes of a res18 layer stops early."""
+    real neighbours, all of them distinct inputs: a target cell per channel at most, so the
+    loop stops early on a res18 layer's thousands of nodes."""
     cells = []
     for n in range(meta.n_out):
         real = ~meta.pad_mask[:, n]  # [K]
