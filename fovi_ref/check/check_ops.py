@@ -509,14 +509,22 @@ def _cells_of_distinct_inputs(meta: KNNMeta, at_least: int) -> list[tuple[int, i
     return cells
 
 
-def _one_hot_cells(meta: KNNMeta, w, targets, scale: float) -> torch.Tensor:
-    """``[Cout, Cin*V]`` float64: output ``o`` reads channel ``c = o mod Cin``'s target cell
-    ``targets[c mod T]`` alone, times ``scale``."""
-    w = torch.zeros(w.shape, dtype=torch.float64)
+def _target_cell_operands(case: _Case, x, w, b, gy, targets, values, scale: float, seed: int):
+    """``[x, w, b, gy]`` of a ``rounding`` case: ``x`` holds a random value in ``[1/2, 1)``
+    everywhere (seeded by ``seed``) but at channel ``c``'s target cell ``targets[c mod T]``,
+    whose inputs hold ``values(inputs)`` (``{input: value}``); output ``o`` reads channel
+    ``c = o mod Cin``'s target cell alone, times ``scale`` (a one-hot weight row); no bias."""
+    meta = case.graph.meta
+    g = torch.Generator().manual_seed(seed)
+    x = 0.5 + 0.5 * torch.rand(x.shape, generator=g, dtype=torch.float64)  # [B, Cin, Nin]
+    w = torch.zeros(w.shape, dtype=torch.float64)  # [Cout, Cin*V]
     for c in range(meta.in_channels):
-        v = targets[c % len(targets)][0]
+        v, _, inputs = targets[c % len(targets)]
+        for i, value in values(inputs).items():
+            x[:, c, i] = value
         w[c :: meta.in_channels, c * meta.v + v] = scale
-    return w
+    b = None if b is None else torch.zeros_like(b)
+    return [t.to(case.device, case.dtype) for t in (x, w)] + [b, gy]
 
 
 def _big_partial_sums(case: _Case, x, w, b, gy) -> list[torch.Tensor] | None:
@@ -534,15 +542,13 @@ def _big_partial_sums(case: _Case, x, w, b, gy) -> list[torch.Tensor] | None:
     if not targets:
         return None
     big = 2 / UNIT_ROUNDOFF[case.dtype]
-    g = torch.Generator().manual_seed(case.seed + 2)
-    x = 0.5 + 0.5 * torch.rand(x.shape, generator=g, dtype=torch.float64)  # [B, Cin, Nin]
-    for c in range(meta.in_channels):
-        _, _, inputs = targets[c % len(targets)]
-        x[:, c, inputs[0]] = big
-        x[:, c, inputs[-1]] = -big
-    w = _one_hot_cells(meta, w, targets, 1.0)
-    b = None if b is None else torch.zeros_like(b)
-    return [t.to(case.device, case.dtype) for t in (x, w)] + [b, gy]
+
+    def plus_and_minus_big(inputs: list[int]) -> dict[int, float]:
+        return {inputs[0]: big, inputs[-1]: -big}
+
+    return _target_cell_operands(
+        case, x, w, b, gy, targets, plus_and_minus_big, scale=1.0, seed=case.seed + 2
+    )
 
 
 F16_PAST_MAX = 40000.0
@@ -565,14 +571,13 @@ def _cells_past_float16_max(case: _Case, x, w, b, gy) -> list[torch.Tensor] | No
     targets = _cells_of_distinct_inputs(meta, at_least=2)
     if not targets:
         return None
-    g = torch.Generator().manual_seed(case.seed + 3)
-    x = 0.5 + 0.5 * torch.rand(x.shape, generator=g, dtype=torch.float64)  # [B, Cin, Nin]
-    for c in range(meta.in_channels):
-        _, _, inputs = targets[c % len(targets)]
-        x[:, c, inputs] = F16_PAST_MAX
-    w = _one_hot_cells(meta, w, targets, 2.0**-10)
-    b = None if b is None else torch.zeros_like(b)
-    return [t.to(case.device, case.dtype) for t in (x, w)] + [b, gy]
+
+    def all_past_max(inputs: list[int]) -> dict[int, float]:
+        return dict.fromkeys(inputs, F16_PAST_MAX)
+
+    return _target_cell_operands(
+        case, x, w, b, gy, targets, all_past_max, scale=2.0**-10, seed=case.seed + 3
+    )
 
 
 def _judge(case, check, got, expected, baseline=None, note="", quantities=JUDGED):
