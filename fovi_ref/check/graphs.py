@@ -26,9 +26,10 @@ downsample     ``K`` 1 and ``V`` 1 (fovi-resnet18's downsample convs, the only g
                last in the battery's order
 occupied       ``K`` 2, ``V`` 16, ``Cin`` 64, ``Nout`` 64, batch 8: few of the cells
 cells          occupied, where a CPU backend may run one GEMM per occupied cell
-channel        ``Cin`` 16, ``V`` 16, ``K`` 16, ``Nout`` 130, batch 253: a ``grad_z`` of
-blocks         more than 32 MiB, where a CPU backend may work in blocks of channels (float64
-               and float32, oracle and doors only: its oracle takes seconds)
+channel        ``Cin`` 13, ``V`` 16, ``K`` 16, ``Nout`` 130, batch 311: a ``grad_z`` of
+blocks         more than 32 MiB, where a CPU backend may work in blocks of channels (a
+               prime ``Cin``: general's blocks hold 7 channels and then 6; float64 and
+               float32, oracle and doors only: its oracle takes seconds)
 =============  ===========================================================================
 
 Every spanning graph reads its first and its last input (``x[:, :, 0]`` and
@@ -159,7 +160,7 @@ def _spanning_shapes() -> dict[str, dict[str, int]]:
         batch=8,  # may skip the rest
     )
     shapes["channel_blocks"] = dict(
-        k=16, v=16, n_in=40, n_out=130, in_channels=16, out_channels=1, batch=253
+        k=16, v=16, n_in=40, n_out=130, in_channels=13, out_channels=1, batch=311
     )
     # Appended, so that every earlier graph keeps its place and a recorded first failure its
     # graph (scripts/mutations/record.json): one input (a padding index past it fails) and one

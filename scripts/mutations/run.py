@@ -258,7 +258,8 @@ def run_job(names: list[str], run: bool = True, files: list[str] | None = None) 
 
 def judged_entry(name: str, source: str, code: int | None, old: dict) -> dict:
     """The record's line for a mutant mutmut judged: where, what, and what killed it (the
-    second stage for one the default battery passed, unless the last record has its verdict)."""
+    second stage for one the default battery passed, unless the last record has its verdict:
+    killed by the second stage, or survived it, argued or not)."""
     entry: dict = {"file": source}
     entry["line"], entry["change"] = change_of(name, source)
     status = RENAMED.get(status_by_exit_code[code], status_by_exit_code[code])
@@ -268,8 +269,8 @@ def judged_entry(name: str, source: str, code: int | None, old: dict) -> dict:
         return entry | {"verdict": status}
     if old.get("change") == entry["change"] and old.get("verdict") in SECOND_STAGE:
         return entry | {k: old[k] for k in ("verdict", "by")}
-    if old.get("change") == entry["change"] and old.get("verdict") in ARGUED:
-        return entry | {"verdict": "survived", "by": old["by"]}  # argued anew by the caller
+    if old.get("change") == entry["change"] and old.get("verdict") in (*ARGUED, "survived"):
+        return entry | {"verdict": "survived", "by": old.get("by")}  # argued anew by the caller
     entry["verdict"], entry["by"] = second_stage(name, source)
     if status == "not reached" and entry["verdict"] == "survived":
         entry["by"] = {"note": "no judged backend calls the function"}
