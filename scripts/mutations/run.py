@@ -267,10 +267,11 @@ def judged_entry(name: str, source: str, code: int | None, old: dict) -> dict:
         return entry | {"verdict": "killed", "by": verdict_of(name)}
     if status not in ("survived", "not reached"):
         return entry | {"verdict": status}
-    if old.get("change") == entry["change"] and old.get("verdict") in SECOND_STAGE:
-        return entry | {k: old[k] for k in ("verdict", "by")}
-    if old.get("change") == entry["change"] and old.get("verdict") in (*ARGUED, "survived"):
-        return entry | {"verdict": "survived", "by": old.get("by")}  # argued anew by the caller
+    if old.get("change") == entry["change"]:  # the last record's second stage still holds
+        if old.get("verdict") in SECOND_STAGE:
+            return entry | {k: old[k] for k in ("verdict", "by")}
+        if old.get("verdict") in (*ARGUED, "survived"):
+            return entry | {"verdict": "survived", "by": old.get("by")}  # argued anew by the caller
     entry["verdict"], entry["by"] = second_stage(name, source)
     if status == "not reached" and entry["verdict"] == "survived":
         entry["by"] = {"note": "no judged backend calls the function"}
