@@ -7,7 +7,7 @@ TORCH_INDEX ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: venv test notebooks lab render lint format bench verify properties mutations planted-bugs \
-	battery-times adversarial gpu-wheels gpu-dry-run
+	battery-times adversarial gpu-wheels gpu-dry-run cuda-mutants
 
 venv:            ## .venv with the pinned torch, the dev tools and the onnx extra
 	python3.11 -m venv .venv
@@ -64,6 +64,9 @@ gpu-wheels:      ## .whl/ (git-ignored): fovi_ref's wheel and scripts/gpu-requir
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 	  --implementation cp --platform manylinux2014_x86_64 -d .whl -r scripts/gpu-requirements.txt
 	du -sh .whl
+
+cuda-mutants:    ## results/cuda-mutants/: the record's CUDA-only mutants, for gpu_check.sh to judge
+	$(PY) scripts/mutations/on_cuda.py export results/cuda-mutants
 
 gpu-dry-run:     ## every step of scripts/gpu_check.sh on the CPU with tiny sizes, no install (CI runs it)
 	PYTHON=$(PY) bash scripts/gpu_check.sh --dry-run results/gpu-dry-run

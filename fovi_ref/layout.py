@@ -9,11 +9,22 @@ strides, so results stay bit-identical, and a GEMM whose rows are the ``(b, n)``
 in ``F.linear``, so ``bias + features @ W^T`` is rounded once (adding it after would round twice,
 which shows in float16 and bfloat16 when the bias cancels the product). Shapes: ``rows
 [B*Nout, F]`` (row ``b*Nout + n``), ``weight [Cout, F]``, ``bias [Cout]``.
+
+**16 bits on CUDA.** There ``addmm`` of 16-bit operands does not always round once: for some
+shapes and bias layouts its result is further from the exact sum than one rounding allows, as
+if the product were rounded before the bias is added (``scripts/gpu_check.sh``'s ``check`` on
+an H200 failed where the bias cancels the product, in every backend that ends with ``addmm``
+or ``F.linear``, and where the bias is passed as a strided slice). So on CUDA a 16-bit call
+takes the GEMM's float32 accumulator (``torch.mm(..., out_dtype=torch.float32)``, which exists
+for CUDA only), adds the bias in float32 and rounds once, by construction. It costs a float32
+``[M, Cout]`` (twice the output's bytes) and one more pass over it.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .precision import SIXTEEN_BIT
 
 __all__ = ["fovi_layout_empty", "linear_rows", "y_from_rows"]
 
@@ -21,6 +32,11 @@ __all__ = ["fovi_layout_empty", "linear_rows", "y_from_rows"]
 def linear_rows(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """``bias + rows @ weight^T``: ``[M, F] -> [M, Cout]`` in ONE GEMM, bias rounded with it."""
     weight = weight.to(rows.dtype)  # float16 rows come as float32: the GEMM's inputs, widened
+    if rows.is_cuda and rows.dtype in SIXTEEN_BIT:
+        y = torch.mm(rows, weight.t(), out_dtype=torch.float32)  # [M, Cout] the accumulator
+        if bias is not None:
+            y += bias.to(rows.dtype).float()  # the 16-bit bias, exact in float32
+        return y.to(rows.dtype)  # the one rounding
     if bias is None:
         return rows @ weight.t()  # [M, Cout]
     return torch.addmm(bias.to(rows.dtype), rows, weight.t())  # [M, Cout]

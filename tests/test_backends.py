@@ -81,7 +81,11 @@ def test_gradcheck(k, v, batch, cells, device, monkeypatch):
         def fn(x, w, b, backend=backend):
             return knn_conv(x, w, b, meta, backend=backend)
 
-        assert torch.autograd.gradcheck(fn, (x, w, b)), backend
+        # fovi's backward (the baseline) sums its gather with scatter_add_, which CUDA adds by
+        # atomics in no fixed order: two runs differ by rounding, which gradcheck's reentrancy
+        # test would call a wrong gradient
+        nondet_tol = 1e-12 if backend == BASELINE and meta.device.type == "cuda" else 0.0
+        assert torch.autograd.gradcheck(fn, (x, w, b), nondet_tol=nondet_tol), backend
 
 
 @pytest.mark.parametrize("device", DEVICES)

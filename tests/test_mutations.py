@@ -17,6 +17,8 @@ from conftest import ROOT, load_script
 from fovi_ref import available_ops
 from fovi_ref.strategies import STRATEGIES
 
+# run.py reads mutmut's status names; the lent GPU's image (scripts/gpu_check.sh) has no mutmut.
+pytest.importorskip("mutmut", reason="scripts/mutations/run.py reads mutmut's status names")
 RUN = load_script("scripts/mutations/run.py")
 PLANTED = load_script("scripts/mutation_check.py")
 JUDGE = RUN.load_judge()
@@ -78,6 +80,10 @@ def test_the_readme_states_the_records_score():
     assert dict(zip(keys, map(int, stated.groups()), strict=True)) == figures
     judged, pending = len(RECORD["files"]), len(RECORD["pending"])
     assert f"{judged} of the {judged + pending} files" in readme
+    # a CUDA-only mutant scripts/mutations/on_cuda.py killed on a GPU says so in its argument
+    on_gpu = [m for m in RECORD["mutants"].values() if "killed on CUDA" in m.get("argument", "")]
+    assert all(m["verdict"] == "cuda_only" for m in on_gpu)
+    assert f"({len(on_gpu)} killed on a GPU: `scripts/mutations/on_cuda.py`)" in readme
 
 
 def test_each_retired_planted_class_has_a_quiet_mutant_the_oracle_kills():
@@ -98,3 +104,43 @@ def test_mutant_names_after_files_are_refused_not_run_as_a_whole_job(capsys):
         RUN.main(["--files", "fovi_ref/layout.py", "fovi_ref.layout.x_linear_rows__mutmut_3"])
     assert stopped.value.code == 2
     assert "put mutant names before it" in capsys.readouterr().err
+
+
+# --------------------------------------------------- scripts/mutations/on_cuda.py (the GPU's job)
+ON_CUDA = load_script("scripts/mutations/on_cuda.py")
+CLASS_FILE = """class Ops:
+    def grad(self, acc):
+        total = acc + 1
+        return total
+"""
+
+
+def test_a_methods_diff_is_applied_at_its_class_indent():
+    """mutmut's diff of a method is dedented to the function's own level, and its line numbers
+    count from the function: the hunk is found by content, at the class's indent."""
+    diff = "\n".join(
+        [
+            "--- f.py",
+            "+++ f.py",
+            "@@ -1,3 +1,3 @@",
+            " def grad(self, acc):",
+            "-    total = acc + 1",
+            "+    total = acc - 1",
+            "     return total",
+        ]
+    )
+    mutated = ON_CUDA.apply_diff(CLASS_FILE, diff)
+    assert mutated == CLASS_FILE.replace("acc + 1", "acc - 1")
+    with pytest.raises(ValueError, match="not found once"):
+        ON_CUDA.apply_diff(CLASS_FILE, diff.replace("acc + 1", "acc + 2"))
+
+
+def test_a_kill_at_the_row_the_clean_checkout_fails_is_unjudged():
+    row = {"backend": "gather_gemm[index]", "graph": "downsample_wide", "check": "determinism"}
+    killed = {"verdict": "killed", "by": row}
+    failing_clean = {"verdict": "killed", "by": row}
+    assert ON_CUDA.read_against_clean(killed, failing_clean)["verdict"] == "unjudged"
+    elsewhere = {"verdict": "killed", "by": {**row, "graph": "downsample"}}
+    assert ON_CUDA.read_against_clean(elsewhere, failing_clean)["verdict"] == "killed"
+    passing_clean = {"verdict": "passes", "by": {}}
+    assert ON_CUDA.read_against_clean(killed, passing_clean)["verdict"] == "killed"
