@@ -5,10 +5,11 @@ the result ``.transpose(1, 2)``: ``y [B, Cout, Nout]`` is a *view* whose storage
 ``[B, Nout, Cout]`` contiguous (strides ``(Nout*Cout, 1, Cout)``). Every fovi_ref backend returns
 that layout: a model swapped from fovi to fovi_ref hands the next layer (a BatchNorm) the same
 strides, so results stay bit-identical, and a GEMM whose rows are the ``(b, n)`` pairs writes
-``[B*Nout, Cout]``, which *is* that storage. The bias goes inside the GEMM (``torch.addmm``), as
-in ``F.linear``, so ``bias + features @ W^T`` is rounded once (adding it after would round twice,
-which shows in float16 and bfloat16 when the bias cancels the product). Shapes: ``rows
-[B*Nout, F]`` (row ``b*Nout + n``), ``weight [Cout, F]``, ``bias [Cout]``.
+``[B*Nout, Cout]``, which *is* that storage. The bias goes inside the GEMM (``torch.addmm``, or on
+CUDA in 16 bits the float32 accumulator below), as in ``F.linear``, so ``bias + features @ W^T``
+is rounded once (adding it after would round twice, which shows in float16 and bfloat16 when the
+bias cancels the product). Shapes: ``rows [B*Nout, F]`` (row ``b*Nout + n``), ``weight
+[Cout, F]``, ``bias [Cout]``.
 
 **16 bits on CUDA.** There ``addmm`` of 16-bit operands does not always round once: for some
 shapes and bias layouts its result is further from the exact sum than one rounding allows, as
@@ -17,7 +18,10 @@ an H200 failed where the bias cancels the product, in every backend that ends wi
 or ``F.linear``, and where the bias is passed as a strided slice). So on CUDA a 16-bit call
 takes the GEMM's float32 accumulator (``torch.mm(..., out_dtype=torch.float32)``, which exists
 for CUDA only), adds the bias in float32 and rounds once, by construction. It costs a float32
-``[M, Cout]`` (twice the output's bytes) and one more pass over it.
+``[M, Cout]`` (twice the output's bytes) and two more passes over it (the bias, the rounding);
+and ``mm``'s ``out_dtype`` form has no derivative, so this is a forward's GEMM, run with
+gradients off (the autograd Function's forward and the custom ops call it). This branch came
+after that run: ``gpu_check.sh``'s checks judge it on the next GPU.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ __all__ = ["fovi_layout_empty", "linear_rows", "y_from_rows"]
 
 
 def linear_rows(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    """``bias + rows @ weight^T``: ``[M, F] -> [M, Cout]`` in ONE GEMM, bias rounded with it."""
+    """``bias + rows @ weight^T``: ``[M, F] -> [M, Cout]`` in ONE GEMM, the bias added before
+    its one rounding."""
     weight = weight.to(rows.dtype)  # float16 rows come as float32: the GEMM's inputs, widened
     if rows.is_cuda and rows.dtype in SIXTEEN_BIT:
         y = torch.mm(rows, weight.t(), out_dtype=torch.float32)  # [M, Cout] the accumulator

@@ -104,7 +104,9 @@ open(sys.argv[2], 'w').write(json.dumps(record, indent=1) + '\n')" \
 # einsum_baseline (fovi's path) fails two checks by design (fovi_ref/check/tolerances.py,
 # "Non-finite values"): nonfinite, where an inf in x meets the zeros of its one-hot einsum, and
 # rounding, where a float16 cell past 65504 is stored as inf; and on CUDA a third, determinism:
-# its backward's scatter_add_ adds colliding inputs by atomics, in no fixed order. Every other.
+# its backward's scatter_add_ adds colliding inputs by atomics, in no fixed order. Every other,
+# though on CUDA its 16-bit oracle rows fail where the bias cancels the product: fovi's F.linear
+# rounds twice there (fovi_ref/layout.py, "16 bits on CUDA"), a departure of fovi's, kept in view.
 departures="'nonfinite', 'rounding'"
 ((dry)) || departures+=", 'determinism'"
 checks=$("$PY" -c "from fovi_ref.check.check_ops import CHECKS
@@ -129,8 +131,9 @@ step notebook_04 90 "$PY" scripts/run_notebook.py notebooks/04_profiler_traces.i
 # writes it here from mutants/; scripts/mutations/on_cuda.py): each judged in its own copy. Not
 # in a dry run: on the CPU every one of them passes, which is why they are CUDA-only.
 if ((!dry)) && [[ -f results/cuda-mutants/mutants.json ]]; then
-  step cuda_mutants 150 "$PY" scripts/mutations/on_cuda.py judge results/cuda-mutants \
-    --device "$device" --timeout 140
+  rm -f results/cuda-mutants/cuda_verdicts.json  # none carried from an earlier run
+  step cuda_mutants 200 "$PY" scripts/mutations/on_cuda.py judge results/cuda-mutants \
+    --device "$device" --timeout 180
   cp results/cuda-mutants/cuda_verdicts.json "$out/" 2>/dev/null
 fi
 

@@ -136,10 +136,16 @@ def test_a_methods_diff_is_applied_at_its_class_indent():
 
 
 def test_a_kill_at_the_row_the_clean_checkout_fails_is_unjudged():
+    """Where the clean run fails at the same row (its note, with the numbers, may differ) or the
+    same test, the row cannot tell the mutant from the original."""
     row = {"backend": "gather_gemm[index]", "graph": "downsample_wide", "check": "determinism"}
-    killed = {"verdict": "killed", "by": row}
-    failing_clean = {"verdict": "killed", "by": row}
+    killed = {"verdict": "killed", "by": {**row, "note": "differs between runs: grad_x"}}
+    failing_clean = {"verdict": "killed", "by": {**row, "note": "differs between runs: y"}}
     assert ON_CUDA.read_against_clean(killed, failing_clean)["verdict"] == "unjudged"
+    test = "FAILED tests/test_segment_sum.py::test_sums[cuda]"
+    by_test = {"verdict": "killed_test", "by": {"test": test + " - assert 0.1 == 0.2"}}
+    clean_test = {"verdict": "killed_test", "by": {"test": test + " - assert 0.3 == 0.2"}}
+    assert ON_CUDA.read_against_clean(by_test, clean_test)["verdict"] == "unjudged"
     elsewhere = {"verdict": "killed", "by": {**row, "graph": "downsample"}}
     assert ON_CUDA.read_against_clean(elsewhere, failing_clean)["verdict"] == "killed"
     passing_clean = {"verdict": "passes", "by": {}}

@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,10 +45,11 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from subprocess import PIPE
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "scripts" / "mutations"
-COPY_IGNORES = (".git", ".venv", ".whl", "results", "mutants", "__pycache__")
+COPY_IGNORES = (".git", ".venv", ".whl", "build", "results", "mutants", "__pycache__")
 """What a mutant's copy of the checkout leaves out."""
 MUTANT_SECONDS = 150
 """The cap on one mutant's judging, a whole battery where it passes (the CPU's default battery
@@ -63,7 +65,8 @@ def file_hash(path: str) -> str:
 def apply_diff(text: str, diff: str) -> str:
     """``text`` with mutmut's diff of one function applied. The diff's line numbers count from
     the function, not the file, so each hunk's old lines (context and ``-``) are found in
-    ``text`` by content, where they must occur exactly once, and replaced by its new lines."""
+    ``text`` by content, whole lines, where they must occur exactly once, and replaced by its
+    new lines. A hunk whose continued lines keep another indent is refused (ValueError)."""
     hunks, old, new = [], [], []
     for line in diff.splitlines()[2:]:  # after the --- and +++ lines
         if line.startswith("@@"):
@@ -85,11 +88,11 @@ def apply_diff(text: str, diff: str) -> str:
                 "".join(indent + line + "\n" if line else "\n" for line in side)
                 for side in (old, new)
             )
-            if text.count(before) == 1:
+            if ("\n" + text).count("\n" + before) == 1:  # anchored at a line's start
                 break
         else:
             raise ValueError(f"a hunk's old lines are not found once at any indent:\n{before}")
-        text = text.replace(before, after)
+        text = ("\n" + text).replace("\n" + before, "\n" + after)[1:]
     return text
 
 
@@ -103,6 +106,9 @@ def export(folder: Path) -> None:
 
     os.chdir(ROOT)  # mutmut reads mutants/ from here
     record = json.loads(run.RECORD.read_text())
+    stale = [f for f, h in record["files"].items() if file_hash(f) != h]
+    if stale:
+        sys.exit(f"the record was not made from these files as they are: {stale}")
     codes = {name: code for name, (_, code) in run.mutmut_results().items()}
     mutants = []
     for name, entry in sorted(record["mutants"].items()):
@@ -208,35 +214,35 @@ def judge_one(mutant: dict) -> dict:
     return {"verdict": "survived", "by": {}}
 
 
-def judge_in_copy(task: dict, work: Path, timeout: float, device: str) -> dict:
+def judge_in_copy(task: dict, folder: Path, timeout: float, device: str) -> dict:
     """Judge ``task`` (a mutant, or a clean run where it has no ``source``) in its own copy of
-    the checkout under ``work``, in a fresh process, so that tasks run side by side, each
-    importing its own fovi_ref."""
-    copy = work / task["name"].replace("ǁ", ".").replace(" ", "_")
-    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(*COPY_IGNORES))
+    the checkout, ``folder``, in a fresh process, so that tasks run side by side, each importing
+    its own fovi_ref. A task past ``timeout`` is stopped with every process it started."""
+    shutil.copytree(ROOT, folder, ignore=shutil.ignore_patterns(*COPY_IGNORES))
     if "source" in task:
-        (copy / task["file"]).write_text(task["source"])
-    path = os.pathsep.join([str(copy), os.environ.get("PYTHONPATH", "")])
+        (folder / task["file"]).write_text(task["source"])
+    path = os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "2"}
     one = {key: task[key] for key in ("judge", "tests", "battery")} | {"device": device}
+    command = [sys.executable, str(folder / "scripts/mutations/on_cuda.py"), "one", json.dumps(one)]
     started = time.monotonic()
+    # its own session, so that a timeout stops the pytest it may have started too
+    process = subprocess.Popen(
+        command, cwd=folder, env=env, stdout=PIPE, stderr=PIPE, text=True, start_new_session=True
+    )
     try:
-        done = subprocess.run(
-            [sys.executable, str(copy / "scripts/mutations/on_cuda.py"), "one", json.dumps(one)],
-            cwd=copy,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if done.returncode == 0:
-            verdict = json.loads(done.stdout.strip().splitlines()[-1])
+        out, err = process.communicate(timeout=timeout)
+        lines = out.strip().splitlines()
+        if process.returncode == 0 and lines:
+            verdict = json.loads(lines[-1])
         else:  # the judge itself broke (pytest could not run, say): no verdict, the error kept
-            verdict = {"verdict": "error", "by": {"note": done.stderr[-1000:]}}
+            verdict = {"verdict": "error", "by": {"note": err[-1000:]}}
     except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
         verdict = {"verdict": "timeout", "by": {}}
     finally:
-        shutil.rmtree(copy, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
     return verdict | {"seconds": round(time.monotonic() - started, 1)}
 
 
@@ -250,18 +256,54 @@ def passes(clean: dict) -> dict:
     return clean | {"verdict": "passes"} if clean["verdict"] == "survived" else clean
 
 
+def failed_at(verdict: dict) -> tuple:
+    """Where a run failed: the row's backend, graph, dtype, check and quantity, or the test's
+    node id (not the notes and messages, whose numbers differ from run to run)."""
+    by = verdict["by"]
+    if "test" in by:
+        return (by["test"].split(" - ")[0],)
+    return tuple(by.get(key) for key in ("backend", "graph", "dtype", "check", "quantity"))
+
+
 def read_against_clean(verdict: dict, clean: dict) -> dict:
     """A mutant's verdict, ``unjudged`` where its clean run failed at the same row or test."""
-    if clean["verdict"] != "passes" and clean["by"] == verdict["by"]:
+    if clean["verdict"] != "passes" and failed_at(clean) == failed_at(verdict):
         return {**verdict, "verdict": "unjudged"}
     return verdict
+
+
+def verdicts(found: dict, cleans: list[str], mutants: list[dict], device: str) -> dict:
+    """The verdicts file from the runs ``found`` so far: a mutant whose clean run has not
+    finished keeps its raw verdict and says so (``clean`` not run)."""
+    import torch
+
+    out = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "complete": len(found) == len(cleans) + len(mutants),
+        # a clean run that no row or test fails "passes" (judge_one's word is "survived")
+        "clean": {name: passes(found[name]) for name in cleans if name in found},
+        "mutants": {},
+    }
+    for mutant in mutants:
+        if mutant["name"] not in found:
+            continue
+        verdict, clean = found[mutant["name"]], out["clean"].get(clean_name(mutant))
+        verdict = read_against_clean(verdict, clean) if clean else verdict | {"clean": "not run"}
+        out["mutants"][mutant["name"]] = verdict | {
+            key: mutant[key] for key in ("file", "hash", "change")
+        }
+    return out
 
 
 def judge(folder: Path, timeout_s: float, workers: int, device: str) -> None:
     """Judge every mutant of ``folder/mutants.json``, and each judge once on the clean
     checkout, ``workers`` at a time, each within ``timeout_s``; write
-    ``folder/cuda_verdicts.json``. A mutant whose judge fails the clean checkout at the same
-    row (or test) is ``unjudged``: that row cannot tell the mutant from the original."""
+    ``folder/cuda_verdicts.json`` after every run, so that a job cut off keeps what it found. A
+    mutant whose judge fails the clean checkout at the same row (or test) is ``unjudged``: that
+    row cannot tell the mutant from the original. (The battery stops at its first failed row, so
+    a clean run that fails early leaves the mutants after it unjudged, tests unrun.)"""
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -273,28 +315,19 @@ def judge(folder: Path, timeout_s: float, workers: int, device: str) -> None:
     cleans = {clean_name(m): {**m, "name": clean_name(m)} for m in mutants}
     for clean in cleans.values():
         del clean["source"]
-    tasks = [*cleans.values(), *mutants]
+    tasks = [*cleans.values(), *mutants]  # the clean runs first: every verdict needs one
     found = {}
     with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(workers) as pool:
-        running = {pool.submit(judge_in_copy, t, Path(work), timeout_s, device): t for t in tasks}
+        running = {
+            pool.submit(judge_in_copy, task, Path(work) / str(i), timeout_s, device): task
+            for i, task in enumerate(tasks)
+        }
         for future in as_completed(running):
             name = running[future]["name"]
             found[name] = future.result()
             print(name, found[name]["verdict"], found[name]["by"], f"{found[name]['seconds']} s")
-    out = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-        # a clean run that no row or test fails "passes" (judge_one's word is "survived")
-        "clean": {name: passes(found[name]) for name in cleans},
-        "mutants": {},
-    }
-    for mutant in mutants:
-        verdict = read_against_clean(found[mutant["name"]], out["clean"][clean_name(mutant)])
-        out["mutants"][mutant["name"]] = verdict | {
-            key: mutant[key] for key in ("file", "hash", "change")
-        }
-    (folder / "cuda_verdicts.json").write_text(json.dumps(out, indent=1) + "\n")
+            out = verdicts(found, list(cleans), mutants, device)
+            (folder / "cuda_verdicts.json").write_text(json.dumps(out, indent=1) + "\n")
     print(dict(Counter(v["verdict"] for v in out["mutants"].values())))
 
 
@@ -304,7 +337,7 @@ def main() -> None:
     parser.add_argument("where", help="DIR (export, judge); one: the task, as JSON")
     parser.add_argument("--timeout", type=float, default=MUTANT_SECONDS, help="judge: s a mutant")
     parser.add_argument("--device", default="cuda", help="judge: cpu for a dry run (all survive)")
-    parser.add_argument("--workers", type=int, default=18, help="judge: runs at a time")
+    parser.add_argument("--workers", type=int, default=32, help="judge: runs at a time")
     args = parser.parse_args()
     if args.action == "export":
         export(Path(args.where))
