@@ -57,7 +57,9 @@ is about 30 s on 2 cores; on a GPU it is launch-bound)."""
 
 
 def file_hash(path: str) -> str:
-    """sha256 of a checkout file, as ``record.json`` names its files."""
+    """sha256 of a checkout file, as ``record.json`` names its files. ``run.file_hashes``
+    computes the same, but this module cannot import ``run`` on the GPU machine, which has no
+    mutmut."""
     return hashlib.sha256((ROOT / path).read_bytes()).hexdigest()
 
 
