@@ -159,6 +159,8 @@ def build_segment_sum_plan(dst: torch.Tensor, src: torch.Tensor, size: int) -> S
 def segment_sum(values: torch.Tensor, plan: SegmentSumPlan) -> torch.Tensor:
     """``values [L, P] -> out [D, P]``, ``out[d]`` the sum of the plan's terms of row ``d`` in
     their listed order (hubs: a fixed tree): the same result on every device and every run."""
+    if not values.shape[0]:  # no terms at all (a graph of padding only): no row to read
+        return values.new_zeros(plan.first.numel(), values.shape[1])
     acc = accumulation_dtype(values.dtype)
     out = values.index_select(0, plan.first).to(acc)  # [D, P] round 0: every row's first term
     if plan.empty.numel():

@@ -106,6 +106,19 @@ def test_mutant_names_after_files_are_refused_not_run_as_a_whole_job(capsys):
     assert "put mutant names before it" in capsys.readouterr().err
 
 
+def test_a_renumbered_mutant_keeps_its_second_stage_verdict_and_a_repeated_change_does_not():
+    """An edit above a mutant renumbers it: the record finds its last verdict by its change,
+    where that change names one mutant of the file only."""
+    line = {"file": "f.py", "line": 3, "verdict": "killed_test", "by": {"test": "t.py"}}
+    record = {
+        "m__mutmut_1": {**line, "change": "a + b  ->  a - b"},
+        "m__mutmut_2": {**line, "change": "x[0]  ->  x[1]"},
+        "m__mutmut_3": {**line, "change": "x[0]  ->  x[1]"},  # the same change, twice
+    }
+    same = RUN.by_change(record)
+    assert same == {("f.py", "a + b  ->  a - b"): record["m__mutmut_1"]}
+
+
 # --------------------------------------------------- scripts/mutations/on_cuda.py (the GPU's job)
 ON_CUDA = load_script("scripts/mutations/on_cuda.py")
 CLASS_FILE = """class Ops:

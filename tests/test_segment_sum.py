@@ -93,6 +93,18 @@ def test_trees_of_several_widths_and_rows_without_terms():
     assert torch.equal(segment_sum_naive(values, dst, src, 8), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_terms_at_all_give_exact_zeros(dtype):
+    """No entries over no values (the pairs of a graph of padding only, summed back to its
+    inputs): every row is an exact zero of the values' dtype, as the naive loop gives."""
+    none = torch.zeros(0, dtype=torch.int64)
+    plan = build_segment_sum_plan(none, none, 5)
+    values = torch.zeros(0, 6, dtype=dtype)
+    out = segment_sum(values, plan)
+    assert out.dtype == dtype and torch.equal(out, torch.zeros(5, 6, dtype=dtype))
+    assert torch.equal(segment_sum_naive(values, none, none, 5), out)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_plan_is_nine_tensors_that_round_trip_through_derived_data(device):
     """Plans are stored as tensors under fixed names (no per-round keys), every one an int64

@@ -168,15 +168,17 @@ def test_occupied_cells_meet_the_rule_against_the_oracle(batch, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_cell_nobody_occupies_gets_an_exactly_zero_weight_gradient(device, monkeypatch):
-    """Cell 2 of 4 is empty at every node: over cells its block is never multiplied, and its
-    weight columns (c*V + 2) get exact zeros, as the dense GEMM's zero features give them."""
+    """The last cell (3 of 4) is empty at every node: over cells its block is never multiplied,
+    and its weight columns (c*V + 3) get exact zeros, as the dense GEMM's zero features give
+    them. Its pair count is still listed, as 0."""
     force_cells(monkeypatch, True)
     meta = random_meta(4, 4, seed=2, device=device)
     rf_index = meta.rf_index.clone()
-    rf_index[rf_index == 2] = 3
+    rf_index[rf_index == 3] = 2
     meta = KNNMeta.from_knn(meta.knn, rf_index, n_in=meta.n_in, in_channels=meta.in_channels, v=4)
     data = derive(meta)
-    assert occupied_cells.pairs_per_cell(data)[2] == 0
+    counts = occupied_cells.pairs_per_cell(data)
+    assert len(counts) == 4 and counts[3] == 0 and min(counts[:3]) > 0
     assert choose_strategy(meta, data, 3, meta.device).strategy == "occupied_cells"
     x, w, b = sample_inputs(meta, batch=3)
     grad_y = torch.randn(3, 4, meta.n_out, dtype=torch.float64, device=device)
@@ -184,13 +186,76 @@ def test_a_cell_nobody_occupies_gets_an_exactly_zero_weight_gradient(device, mon
     expected = expected_quantities(x, w, b, meta, grad_y)
     for what, g in zip(QUANTITIES, got, strict=True):
         assert judge_elementwise(g, expected[what]).ok, what
-    assert torch.equal(got[2][:, 2::4], torch.zeros_like(got[2][:, 2::4]))
+    assert torch.equal(got[2][:, 3::4], torch.zeros_like(got[2][:, 3::4]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_graph_of_padding_only_never_runs_per_cell_yet_every_strategy_gives_the_bias(device):
+    """No (node, cell) pair is occupied: ``applies`` says no at every batch, as it promises
+    (the estimate alone, 30 / (B*Nout) with no pairs, would say yes from B*Nout = 34), and so
+    does ``reachable``: such a graph runs the textbook. Forced, every strategy (occupied cells'
+    sums over no pairs among them) gives exactly the bias and zero gradients."""
+    n_in, n_out = 8, 40
+    knn = torch.full((3, n_out), n_in, device=device)  # every neighbour is padding
+    rf_index = torch.zeros(n_out, 3, dtype=torch.int64, device=device)
+    meta = KNNMeta.from_knn(knn, rf_index, n_in=n_in, in_channels=2, v=2)
+    data = derive(meta)
+    assert occupied_cells.pair_count(data) == 0
+    assert not any(occupied_cells.applies(meta, data, b) for b in (1, 4, 64, 1024))
+    assert not occupied_cells.reachable(meta, data)
+    assert choose_strategy(meta, data, 64, meta.device).strategy == "textbook"
+    x, w, b = sample_inputs(meta, batch=3)
+    grad_y = torch.randn(3, 4, n_out, dtype=torch.float64, device=device)
+    for strategy in STRATEGIES:
+        ops = forced_ops(strategy)
+        y, grad_x, grad_w, grad_b = forward_and_grads(x, w, b, meta, grad_y, ops)
+        assert torch.equal(y, b[None, :, None].expand_as(y)), strategy
+        assert not grad_x.any() and not grad_w.any(), strategy
+        torch.testing.assert_close(grad_b, grad_y.sum(dim=(0, 2)))
+
+
+def _two_cell_graph(n_out: int, both: int, c_in: int) -> KNNMeta:
+    """Two neighbours per node in cells 0 and 1 (V = 2); nodes ``both`` and on have the second
+    as padding, so ``2*both + (n_out - both)`` pairs are occupied."""
+    nodes = torch.arange(n_out)
+    knn = torch.stack([nodes, torch.where(nodes < both, (nodes + 1) % n_out, n_out)])
+    rf_index = torch.tensor([0, 1]).repeat(n_out, 1)
+    return KNNMeta.from_knn(knn, rf_index, n_in=n_out, in_channels=c_in, v=2)
+
+
+def test_reachable_asks_the_largest_batch_whose_pairs_fit():
+    """The estimate falls as the batch grows, so ``reachable`` asks ``applies`` at the largest
+    batch whose pair features fit PAIR_BYTES: where only that batch pays, and where only a batch
+    of one fits, the cell plans are derived and that batch runs per cell (asking at a smaller
+    batch would leave the plans out, and the call would fail on them)."""
+    # 40 nodes, 60 pairs: the estimate's first term lies just under CELLS_AT_MOST for some
+    # channel count, and the weight's term tips it at a batch between 4/5 of the largest and it
+    # (a band that moves with the tuned constants, so the channel count is searched, not pinned)
+    for c_in in range(32, 256):
+        meta = _two_cell_graph(40, 20, c_in)
+        largest = occupied_cells.PAIR_BYTES // (60 * c_in * 4)
+        data = occupied_cells.pairs(meta)
+        pays = occupied_cells.applies(meta, data, largest)
+        if pays and not occupied_cells.applies(meta, data, largest * 4 // 5):
+            break
+    else:
+        raise AssertionError("no channel count puts the choice's edge near the largest batch")
+    cases = [(meta, largest), (_two_cell_graph(4200, 0, 1024), 1)]  # 4200*1024*4 B > PAIR_BYTES/2
+    for meta, batch in cases:
+        data = derive(meta)
+        assert "cell_bin.first" in data, (meta.in_channels, batch)
+        assert choose_strategy(meta, data, batch, meta.device).strategy == "occupied_cells"
+
+
+def _choice(name: str, batch: int, device: str = "cpu"):
+    """``(meta, data, choice)`` for res18's layer ``name`` and ``batch`` float32 samples."""
+    meta = get_layer(name).meta
+    data = meta.derived(GeneralOps.name, GeneralOps.derive)
+    return meta, data, choose_strategy(meta, data, batch, torch.device(device))
 
 
 def _strategy(name: str, batch: int, device: str = "cpu") -> str:
-    meta = get_layer(name).meta
-    data = meta.derived(GeneralOps.name, GeneralOps.derive)
-    return choose_strategy(meta, data, batch, torch.device(device)).strategy
+    return _choice(name, batch, device)[2].strategy
 
 
 def test_the_choice_on_res18():
@@ -212,6 +277,27 @@ def test_the_choice_on_res18():
     assert _strategy("layer1.0.conv1", 8) == "textbook"
     assert _strategy("layer4.0.conv1", 6) == "few_columns"  # Nout 2: 12 GEMM columns
     assert _strategy("layer4.0.conv1", 7) == "textbook"
+
+
+def test_each_choice_says_what_decided_it():
+    """``Choice.why`` (notebook 06 prints it for every layer) names the quantity the choice
+    compared and the constant it compared it with, each with its value."""
+    meta, data, choice = _choice("layer3.0.conv2", 16)
+    est = occupied_cells.estimate(meta, occupied_cells.pair_count(data), 16)
+    cells = f"estimate {est:.2f} <= CELLS_AT_MOST {occupied_cells.CELLS_AT_MOST}"
+    assert (choice.strategy, choice.why) == ("occupied_cells", cells)
+    _, _, choice = _choice("conv1", 1)
+    rows = f"batch 1 <= FEW_SAMPLES {node_rows.FEW_SAMPLES}"
+    assert (choice.strategy, choice.why) == ("node_rows", rows)
+    _, _, choice = _choice("layer4.0.conv1", 6)  # Nout 2
+    columns = f"Nout*B 12 <= FEW_COLUMNS {few_columns.FEW_COLUMNS}"
+    assert (choice.strategy, choice.why) == ("few_columns", columns)
+    meta, _, choice = _choice("layer1.0.conv1", 64)
+    mib = meta.in_channels * meta.v * meta.n_out * 64 * 4 / 2**20  # float32 grad_z [Cin*V, Nout*B]
+    blocks = f"grad_z {mib:.1f} MiB > WHOLE_BYTES on a CPU"
+    assert (choice.strategy, choice.why) == ("channel_blocks", blocks)
+    _, _, choice = _choice("layer4.0.conv1", 7)
+    assert (choice.strategy, choice.why) == ("textbook", "no strategy applies")
 
 
 def test_derived_data_holds_only_the_plans_a_graph_can_reach():

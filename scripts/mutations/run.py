@@ -230,10 +230,11 @@ def run_job(names: list[str], run: bool = True, files: list[str] | None = None) 
         unjudged |= {s for s, _ in results.values()} - {*previous.get("files", {}), *files}
     pending = Counter(source for source, _ in results.values() if source in unjudged)
     judged = sorted((n, s, c) for n, (s, c) in results.items() if s not in pending)
+    same_change = by_change(previous["mutants"])
 
     def entry(item: tuple[str, str, int | None]) -> dict:
         name, source, code = item
-        found = judged_entry(name, source, code, previous["mutants"].get(name, {}))
+        found = judged_entry(name, source, code, previous["mutants"].get(name, {}), same_change)
         if found["verdict"] == "survived" and name in equivalents:
             argument = equivalents[name]
             verdict = "cuda_only" if argument.startswith(CUDA_ONLY) else "equivalent"
@@ -256,12 +257,26 @@ def run_job(names: list[str], run: bool = True, files: list[str] | None = None) 
     print(table(record))
 
 
-def judged_entry(name: str, source: str, code: int | None, old: dict) -> dict:
+def by_change(mutants: dict[str, dict]) -> dict[tuple[str, str], dict]:
+    """A record's lines by ``(file, change)``, where that pair names one mutant only: an edit
+    above a mutant renumbers it (mutmut numbers a function's mutants in order), and its change
+    is still the same one."""
+    keys = [(m["file"], m["change"]) for m in mutants.values()]
+    count = Counter(keys)
+    return {key: m for key, m in zip(keys, mutants.values(), strict=True) if count[key] == 1}
+
+
+def judged_entry(
+    name: str, source: str, code: int | None, old: dict, same_change: dict[tuple[str, str], dict]
+) -> dict:
     """The record's line for a mutant mutmut judged: where, what, and what killed it (the
-    second stage for one the default battery passed, unless the last record has its verdict:
+    second stage for one the default battery passed, unless the last record has its verdict,
+    under its name or, renumbered, under the same change (``same_change``, :func:`by_change`):
     killed by the second stage, or survived it, argued or not)."""
     entry: dict = {"file": source}
     entry["line"], entry["change"] = change_of(name, source)
+    if old.get("change") != entry["change"]:
+        old = same_change.get((source, entry["change"]), {})
     status = RENAMED.get(status_by_exit_code[code], status_by_exit_code[code])
     if status == "killed":
         return entry | {"verdict": "killed", "by": verdict_of(name)}
