@@ -79,7 +79,10 @@ def test_the_readme_states_the_records_score():
     keys = ("killed", "judged", "equivalent", "cuda_only", "full_only", "test_only")
     assert dict(zip(keys, map(int, stated.groups()), strict=True)) == figures
     judged, pending = len(RECORD["files"]), len(RECORD["pending"])
-    assert f"{judged} of the {judged + pending} files" in readme
+    if pending:
+        assert f"{judged} of the {judged + pending} files are judged so far" in readme
+    else:
+        assert f"All {judged} files are judged" in readme
     # a CUDA-only mutant scripts/mutations/on_cuda.py killed on a GPU says so in its argument
     on_gpu = [m for m in RECORD["mutants"].values() if "killed on CUDA" in m.get("argument", "")]
     assert all(m["verdict"] == "cuda_only" for m in on_gpu)
@@ -117,6 +120,45 @@ def test_a_renumbered_mutant_keeps_its_second_stage_verdict_and_a_repeated_chang
     }
     same = RUN.by_change(record)
     assert same == {("f.py", "a + b  ->  a - b"): record["m__mutmut_1"]}
+
+
+def test_a_file_the_cache_has_not_judged_keeps_its_lines_only_while_it_is_unchanged():
+    """A fresh ``mutants/`` has judged nothing: the record keeps its lines of an unchanged file;
+    a changed file, and one it never entered, are pending; a file mutmut judged is judged anew."""
+    line = {"line": 3, "change": "a  ->  b", "verdict": "killed", "by": {}}
+    entered = ("same", "changed")
+    previous = {
+        "files": {"same.py": "h1", "changed.py": "h2", "run.py": "h5"},
+        "mutants": {f"{f}.x__mutmut_1": {"file": f"{f}.py", **line} for f in entered},
+    }
+    results = {  # exit codes: None for a mutant mutmut has not run
+        "same.x__mutmut_1": ("same.py", None),
+        "changed.x__mutmut_1": ("changed.py", None),
+        "new.x__mutmut_1": ("new.py", None),
+        "run.x__mutmut_1": ("run.py", 1),
+        "run.x__mutmut_2": ("run.py", 0),
+    }
+    hashes = {"same.py": "h1", "changed.py": "h3", "new.py": "h4", "run.py": "h6"}
+    judged, kept, pending = RUN.sort_files(results, previous, None, hashes)
+    assert kept == {"same.x__mutmut_1": previous["mutants"]["same.x__mutmut_1"]}
+    assert pending == {"changed.py": 1, "new.py": 1}
+    assert judged == [("run.x__mutmut_1", "run.py", 1), ("run.x__mutmut_2", "run.py", 0)]
+    judged, kept, pending = RUN.sort_files(results, previous, [], hashes)  # run.py: entered
+    assert len(judged) == 2 and set(kept) == {"same.x__mutmut_1"}
+
+
+def test_a_kept_line_is_argued_by_the_arguments_as_they_are_now():
+    """equivalents.toml decides a survivor's verdict each time the record is written: an argument
+    added argues it, one removed makes it a survivor again, a CUDA-only one says so."""
+    survivor = {"file": "f.py", "verdict": "survived", "by": {}}
+    argued = {**survivor, "verdict": "equivalent", "argument": "path: the same values"}
+    assert RUN.argued("m", argued, {}) == survivor
+    assert RUN.argued("m", survivor, {"m": "path: x"})["verdict"] == "equivalent"
+    reason = f"{RUN.CUDA_ONLY} on CUDA it mixes devices"
+    cuda = RUN.argued("m", argued, {"m": reason})
+    assert (cuda["verdict"], cuda["argument"]) == ("cuda_only", reason)
+    killed = {"file": "f.py", "verdict": "killed_test", "by": {"test": "t.py"}}
+    assert RUN.argued("m", killed, {"m": "path: x"}) == killed  # a kill is not argued away
 
 
 # --------------------------------------------------- scripts/mutations/on_cuda.py (the GPU's job)

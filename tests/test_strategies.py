@@ -16,6 +16,7 @@ from fovi_ref.check.tolerances import QUANTITIES, expected_quantities, judge_ele
 from fovi_ref.geometry import get_layer
 from fovi_ref.knn_general import bin_entries
 from fovi_ref.knn_general import derive as textbook_derive
+from fovi_ref.precision import GEMM_DTYPES, platform
 from fovi_ref.segment_sum import HUB, SegmentSumPlan, segment_sum
 from fovi_ref.strategies import (
     STRATEGIES,
@@ -27,6 +28,7 @@ from fovi_ref.strategies import (
     forced_ops,
     node_rows,
     occupied_cells,
+    strategy_for,
 )
 
 SAME_ORDER = (
@@ -298,6 +300,80 @@ def test_each_choice_says_what_decided_it():
     assert (choice.strategy, choice.why) == ("channel_blocks", blocks)
     _, _, choice = _choice("layer4.0.conv1", 7)
     assert (choice.strategy, choice.why) == ("textbook", "no strategy applies")
+
+
+def _ran(monkeypatch) -> list[str]:
+    """The names of the strategies whose forward runs from now on, in order (each strategy's
+    ``forward_with_operand`` wrapped to note its name)."""
+    ran = []
+    for name, module in STRATEGIES.items():
+
+        def noting(*args, _name=name, _forward=module.forward_with_operand):
+            ran.append(_name)
+            return _forward(*args)
+
+        monkeypatch.setattr(module, "forward_with_operand", noting)
+    return ran
+
+
+def test_a_routed_call_runs_the_choice_for_its_own_dtype(monkeypatch):
+    """Where a 16-bit call's GEMMs run narrow, occupied cells is left out (its forward must run
+    wide): a bfloat16 call gets its own choice, not float32's. Narrow GEMMs are set here, so
+    that a CPU without a native bfloat16 GEMM sees the same."""
+    force_cells(monkeypatch, True)  # float32 then runs per cell
+    monkeypatch.setitem(GEMM_DTYPES, (platform("cpu"), torch.bfloat16), torch.bfloat16)
+    meta = random_meta(4, 4, n_out=40, seed=3)
+    ran = _ran(monkeypatch)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w, b = sample_inputs(meta, batch=8, dtype=dtype)
+        knn_conv(x, w, b, meta, backend="general")
+        assert ran[-1] == strategy_for(meta, 8, "cpu", dtype).strategy, dtype
+    assert ran[0] == "occupied_cells" and ran[1] != "occupied_cells"
+
+
+def test_routed_and_forced_general_keep_their_own_plans_on_one_graph():
+    """A forced backend derives only its strategy's plans (:func:`forced_ops`): kept under its
+    own name, they never stand in for the routed backend's, which node rows needs at a batch of
+    one."""
+    meta = random_meta(4, 4, seed=4)
+    x, w, b = sample_inputs(meta, batch=1)
+    grad_y = torch.randn(1, w.shape[0], meta.n_out, dtype=x.dtype)
+    expected = expected_quantities(x, w, b, meta, grad_y)
+    for backend in (forced_ops("channel_blocks"), "general"):
+        got = forward_and_grads(x, w, b, meta, grad_y, backend)
+        for what, g in zip(QUANTITIES, got, strict=True):
+            assert judge_elementwise(g, expected[what]).ok, (backend, what)
+    assert strategy_for(meta, 1).strategy == "node_rows"
+
+
+def test_asking_for_the_choice_derives_the_plans_the_routed_backend_then_reads(monkeypatch):
+    """``strategy_for`` keeps the graph's derived data where the routed backend finds it: a
+    graph whose choice was asked for is not derived a second time when it runs."""
+    meta = random_meta(4, 4, seed=6)
+    strategy_for(meta, 2)
+
+    def derive_again(meta):
+        raise AssertionError("the routed backend derived the graph's plans again")
+
+    monkeypatch.setattr(GeneralOps, "derive", staticmethod(derive_again))
+    x, w, b = sample_inputs(meta, batch=2)
+    knn_conv(x, w, b, meta, backend="general")
+
+
+@pytest.mark.parametrize("forced", [None, *STRATEGIES])
+@pytest.mark.parametrize("batch", [1, node_rows.FEW_SAMPLES + 1])
+def test_grad_y_is_laid_out_as_the_strategy_that_reads_it(forced, batch):
+    """``grad_y_layout`` copies ``grad_y [B, Cout, Nout]`` once into the storage the strategy
+    reads in place: fovi's ``[B, Nout, Cout]`` for node rows (routed: at few samples), else the
+    textbook's ``[Cout, Nout, B]``. Cout 6 > FEW_SAMPLES, so a choice read off the wrong axis
+    shows."""
+    ops = GeneralOps if forced is None else forced_ops(forced)
+    grad_y = torch.randn(batch, 6, 5)
+    laid_out = ops.grad_y_layout(grad_y)
+    assert torch.equal(laid_out, grad_y)
+    rows = forced == "node_rows" or (forced is None and node_rows.applies(batch))
+    assert laid_out.transpose(1, 2).is_contiguous() == rows
+    assert laid_out.permute(1, 2, 0).is_contiguous() == (not rows)
 
 
 def test_derived_data_holds_only_the_plans_a_graph_can_reach():

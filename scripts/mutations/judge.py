@@ -167,13 +167,13 @@ def test_default_battery(judged):
         if judge != judged:
             pytest.skip(f"{mutant} is judged by {judge}")
     torch.set_num_threads(1)  # two mutants run at once on 2 cores
-    ops = ops_of(judged)
     graphs = GRAPHS[os.environ.get("MUTATION_BATTERY", "default")]
     for path, knob, dtypes in _paths(judged):
         try:
+            ops = ops_of(judged)  # forced_ops is mutated too
             with knob:
                 report, failures = _failures(judged, ops, graphs, dtypes)
-        except Exception as err:  # raised outside the ops' calls (supports(), derive): a kill
+        except Exception as err:  # raised outside the ops' calls (forced_ops, derive): a kill
             row = ReportRow("-", "-", "battery", "-", False, note=f"raised {err!r}")
             _record(path, row)
             raise

@@ -12,7 +12,10 @@ battery judges every mutant, and ``record.json`` says what killed each one.
 mutants, runs the judge (``judge.py``) once clean to learn which judged backend calls which
 function, then runs each mutant against the backends that call the mutated function, stopping at
 the first that fails. Its results are cached in ``mutants/``: a second run judges only mutants
-of functions that changed. Two mutants run at a time, one thread each.
+of functions that changed. Two mutants run at a time, one thread each. ``mutants/`` is
+git-ignored, so a fresh clone has judged nothing: the record keeps its lines of every file whose
+hash is unchanged, and ``run.py 'fovi_ref.layout.*'`` judges one file's mutants without paying
+again for the others.
 
 **Past the default battery.** A mutant the default battery passes is run again on what else the
 repo has, and the record says which killed it:
@@ -215,7 +218,9 @@ def run_job(names: list[str], run: bool = True, files: list[str] | None = None) 
     """mutmut run (unless ``run`` is False: its cache as it is), then the second stage for its
     survivors, then the record. ``files``: enter only these in the record beside the files it
     has (the second stage of a file's survivors takes minutes each); ``None``: every file whose
-    mutants mutmut has all judged. A file not entered is listed as pending."""
+    mutants mutmut has all judged. A file the last record has, unchanged, keeps its lines where
+    the cache has not judged it (:func:`carried_over`); any other file not entered is listed as
+    pending."""
     start = time.monotonic()
     sync_unmutated()
     if run:
@@ -224,37 +229,76 @@ def run_job(names: list[str], run: bool = True, files: list[str] | None = None) 
         subprocess.run(command, cwd=ROOT, env=env, check=True)
     previous = json.loads(RECORD.read_text()) if RECORD.exists() else {"mutants": {}}
     equivalents = tomllib.loads(EQUIVALENTS.read_text()) if EQUIVALENTS.exists() else {}
-    results = mutmut_results()
-    unjudged = {source for source, code in results.values() if code is None}
-    if files is not None:
-        unjudged |= {s for s, _ in results.values()} - {*previous.get("files", {}), *files}
-    pending = Counter(source for source, _ in results.values() if source in unjudged)
-    judged = sorted((n, s, c) for n, (s, c) in results.items() if s not in pending)
+    hashes = file_hashes()
+    judged, kept, pending = sort_files(mutmut_results(), previous, files, hashes)
     same_change = by_change(previous["mutants"])
 
     def entry(item: tuple[str, str, int | None]) -> dict:
         name, source, code = item
         found = judged_entry(name, source, code, previous["mutants"].get(name, {}), same_change)
-        if found["verdict"] == "survived" and name in equivalents:
-            argument = equivalents[name]
-            verdict = "cuda_only" if argument.startswith(CUDA_ONLY) else "equivalent"
-            found |= {"verdict": verdict, "argument": argument}
+        found = argued(name, found, equivalents)
         print(f"{found['verdict']:<12} {name}", flush=True)
         return found
 
     with ThreadPoolExecutor(max_workers=2) as pool:  # the second stage: two mutants at a time
         mutants = dict(zip((n for n, _, _ in judged), pool.map(entry, judged), strict=True))
-    hashes = file_hashes()
+    mutants |= {name: argued(name, line, equivalents) for name, line in kept.items()}
     record = {
         "tool": f"mutmut {version('mutmut')}",
         "judge": JUDGE,
         "files": {f: h for f, h in hashes.items() if f not in pending},
         "pending": {f: pending[f] for f in sorted(pending)},
         "seconds_this_run": round(time.monotonic() - start),
-        "mutants": mutants,
+        "mutants": dict(sorted(mutants.items())),
     }
     RECORD.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
     print(table(record))
+
+
+def sort_files(
+    results: dict[str, tuple[str, int | None]],
+    previous: dict,
+    files: list[str] | None,
+    hashes: dict[str, str],
+) -> tuple[list[tuple[str, str, int | None]], dict[str, dict], Counter]:
+    """What the record does with each file of mutmut's ``results`` (:func:`mutmut_results`):
+    ``(judged, kept, pending)``. ``judged``: ``(mutant, file, exit code)`` of the files mutmut
+    has judged whole and that are to be entered (``files``, and those the last record has; every
+    such file where ``files`` is None). ``kept``: the last record's lines of the other files it
+    entered, unchanged since (:func:`carried_over`). ``pending``: the rest, mutants per file."""
+    unjudged = {source for source, code in results.values() if code is None}
+    if files is not None:
+        unjudged |= {s for s, _ in results.values()} - {*previous.get("files", {}), *files}
+    kept = carried_over(previous, unjudged, hashes)
+    kept_files = {line["file"] for line in kept.values()}
+    pending = Counter(s for s, _ in results.values() if s in unjudged - kept_files)
+    judged = sorted((n, s, c) for n, (s, c) in results.items() if s not in unjudged)
+    return judged, kept, pending
+
+
+def carried_over(previous: dict, unjudged: set[str], hashes: dict[str, str]) -> dict[str, dict]:
+    """The last record's lines of the files in ``unjudged`` that it entered from the file as it
+    is now (same hash). mutmut's cache lives in the git-ignored ``mutants/``: a fresh clone, or
+    ``rm -rf mutants``, has judged nothing, and a run restricted to some mutants (``NAME ...``)
+    judges only those. An unchanged file's verdicts still hold, and its second stage (minutes a
+    mutant) is not paid again."""
+    entered = {f for f in unjudged if f in previous.get("files", {})}
+    same = {f for f in entered if previous["files"][f] == hashes.get(f)}
+    return {n: line for n, line in previous["mutants"].items() if line["file"] in same}
+
+
+def argued(name: str, line: dict, equivalents: dict[str, str]) -> dict:
+    """A survivor's line with its argument from equivalents.toml, if it has one (``cuda_only``
+    where the argument starts with :data:`CUDA_ONLY`); an argued line whose argument is gone is
+    a survivor again."""
+    if line["verdict"] not in ("survived", *ARGUED):
+        return line
+    line = {k: v for k, v in line.items() if k != "argument"} | {"verdict": "survived"}
+    if name not in equivalents:
+        return line
+    argument = equivalents[name]
+    verdict = "cuda_only" if argument.startswith(CUDA_ONLY) else "equivalent"
+    return line | {"verdict": verdict, "argument": argument}
 
 
 def by_change(mutants: dict[str, dict]) -> dict[tuple[str, str], dict]:
