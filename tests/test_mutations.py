@@ -122,29 +122,81 @@ def test_a_renumbered_mutant_keeps_its_second_stage_verdict_and_a_repeated_chang
     assert same == {("f.py", "a + b  ->  a - b"): record["m__mutmut_1"]}
 
 
-def test_a_file_the_cache_has_not_judged_keeps_its_lines_only_while_it_is_unchanged():
-    """A fresh ``mutants/`` has judged nothing: the record keeps its lines of an unchanged file;
-    a changed file, and one it never entered, are pending; a file mutmut judged is judged anew."""
+def _triage_case():
+    """A last record of three files and mutmut's results in a fresh clone: ``same.py``
+    unchanged and not run, ``part.py`` unchanged with one mutant rerun, ``changed.py`` edited
+    and not run, ``new.py`` never entered and not run, ``run.py`` entered and run whole."""
     line = {"line": 3, "change": "a  ->  b", "verdict": "killed", "by": {}}
-    entered = ("same", "changed")
+    names = {"same": 1, "part": 2, "changed": 1, "run": 2}
     previous = {
-        "files": {"same.py": "h1", "changed.py": "h2", "run.py": "h5"},
-        "mutants": {f"{f}.x__mutmut_1": {"file": f"{f}.py", **line} for f in entered},
+        "tool": RECORD["tool"],
+        "files": {"same.py": "h1", "part.py": "h2", "changed.py": "h3", "run.py": "h4"},
+        "mutants": {
+            f"{f}.x__mutmut_{i}": {"file": f"{f}.py", **line}
+            for f, count in names.items()
+            for i in range(1, count + 1)
+        },
     }
     results = {  # exit codes: None for a mutant mutmut has not run
         "same.x__mutmut_1": ("same.py", None),
+        "part.x__mutmut_1": ("part.py", 1),
+        "part.x__mutmut_2": ("part.py", None),
         "changed.x__mutmut_1": ("changed.py", None),
         "new.x__mutmut_1": ("new.py", None),
         "run.x__mutmut_1": ("run.py", 1),
         "run.x__mutmut_2": ("run.py", 0),
     }
-    hashes = {"same.py": "h1", "changed.py": "h3", "new.py": "h4", "run.py": "h6"}
-    judged, kept, pending = RUN.sort_files(results, previous, None, hashes)
-    assert kept == {"same.x__mutmut_1": previous["mutants"]["same.x__mutmut_1"]}
+    hashes = {"same.py": "h1", "part.py": "h2", "changed.py": "h9", "new.py": "h5", "run.py": "h6"}
+    return previous, results, hashes
+
+
+def test_an_unchanged_file_keeps_the_lines_of_the_mutants_the_cache_has_not_run():
+    """A fresh ``mutants/`` has judged nothing: the record keeps its lines of an unchanged file
+    and judges anew what mutmut ran in it; a changed file, and one it never entered, are
+    pending; a file mutmut judged whole is judged anew."""
+    previous, results, hashes = _triage_case()
+    judged, kept, pending = RUN.triage_files(results, previous, None, hashes)
+    assert set(kept) == {"same.x__mutmut_1", "part.x__mutmut_2"}
+    assert kept["same.x__mutmut_1"] == previous["mutants"]["same.x__mutmut_1"]
+    assert [n for n, _, _ in judged] == ["part.x__mutmut_1", "run.x__mutmut_1", "run.x__mutmut_2"]
     assert pending == {"changed.py": 1, "new.py": 1}
-    assert judged == [("run.x__mutmut_1", "run.py", 1), ("run.x__mutmut_2", "run.py", 0)]
-    judged, kept, pending = RUN.sort_files(results, previous, [], hashes)  # run.py: entered
-    assert len(judged) == 2 and set(kept) == {"same.x__mutmut_1"}
+
+
+def test_files_enters_only_the_named_files_beside_the_records():
+    """A file mutmut judged whole is entered by a plain run, and with ``--files`` only when
+    named (its second stage takes minutes a mutant)."""
+    previous, results, hashes = _triage_case()
+    results["new.x__mutmut_1"] = ("new.py", 0)  # new.py judged whole
+    _, _, pending = RUN.triage_files(results, previous, None, hashes)
+    assert pending == {"changed.py": 1}
+    _, _, pending = RUN.triage_files(results, previous, [], hashes)
+    assert pending == {"changed.py": 1, "new.py": 1}
+    _, _, pending = RUN.triage_files(results, previous, ["new.py"], hashes)
+    assert pending == {"changed.py": 1}
+
+
+def test_nothing_is_kept_from_another_mutmut_or_from_other_mutants():
+    """mutmut numbers a file's mutants: another version, or other mutants of the same file,
+    make the last record's names mean other changes."""
+    previous, results, hashes = _triage_case()
+    older = {**previous, "tool": "mutmut 0.0.1"}
+    assert RUN.triage_files(results, older, None, hashes)[1] == {}
+    results["same.x__mutmut_2"] = ("same.py", None)  # a mutant the record does not have
+    _, kept, pending = RUN.triage_files(results, previous, None, hashes)
+    assert "same.x__mutmut_1" not in kept and pending["same.py"] == 2
+
+
+def test_a_file_with_no_mutants_in_the_cache_is_refused_unless_the_record_holds_it():
+    """``--no-run`` where mutmut has not generated a file's mutants: an unchanged file of the
+    record keeps its lines, any other stops the job before it writes the record."""
+    previous, results, hashes = _triage_case()
+    del results["new.x__mutmut_1"]  # mutmut never generated new.py's mutants
+    with pytest.raises(SystemExit, match=r"no mutants of \['new.py'\]"):
+        RUN.triage_files(results, previous, None, hashes)
+    del results["same.x__mutmut_1"]  # same.py: the record holds it as it is
+    hashes.pop("new.py")
+    _, kept, _ = RUN.triage_files(results, previous, None, hashes)
+    assert "same.x__mutmut_1" in kept
 
 
 def test_a_kept_line_is_argued_by_the_arguments_as_they_are_now():

@@ -324,18 +324,21 @@ def test_a_routed_call_runs_the_choice_for_its_own_dtype(monkeypatch):
     monkeypatch.setitem(GEMM_DTYPES, (platform("cpu"), torch.bfloat16), torch.bfloat16)
     meta = random_meta(4, 4, n_out=40, seed=3)
     ran = _ran(monkeypatch)
-    for dtype in (torch.float32, torch.bfloat16):
+    dtypes = (torch.float32, torch.bfloat16)
+    for dtype in dtypes:
         x, w, b = sample_inputs(meta, batch=8, dtype=dtype)
         knn_conv(x, w, b, meta, backend="general")
-        assert ran[-1] == strategy_for(meta, 8, "cpu", dtype).strategy, dtype
-    assert ran[0] == "occupied_cells" and ran[1] != "occupied_cells"
+    assert ran == [strategy_for(meta, 8, "cpu", dtype).strategy for dtype in dtypes]
+    assert ran[0] == "occupied_cells" != ran[1]
 
 
-def test_routed_and_forced_general_keep_their_own_plans_on_one_graph():
-    """A forced backend derives only its strategy's plans (:func:`forced_ops`): kept under its
-    own name, they never stand in for the routed backend's, which node rows needs at a batch of
-    one."""
+def test_routed_and_forced_general_keep_their_own_plans_on_one_graph(monkeypatch):
+    """A forced backend derives the textbook's plans and its strategy's, not node rows'
+    (:func:`forced_ops`): kept under its own name, they never stand in for the routed
+    backend's, which node rows needs at a batch of one."""
+    force_cells(monkeypatch, False)  # at a batch of one the routed choice is node rows
     meta = random_meta(4, 4, seed=4)
+    assert strategy_for(meta, 1).strategy == "node_rows"
     x, w, b = sample_inputs(meta, batch=1)
     grad_y = torch.randn(1, w.shape[0], meta.n_out, dtype=x.dtype)
     expected = expected_quantities(x, w, b, meta, grad_y)
@@ -343,7 +346,6 @@ def test_routed_and_forced_general_keep_their_own_plans_on_one_graph():
         got = forward_and_grads(x, w, b, meta, grad_y, backend)
         for what, g in zip(QUANTITIES, got, strict=True):
             assert judge_elementwise(g, expected[what]).ok, (backend, what)
-    assert strategy_for(meta, 1).strategy == "node_rows"
 
 
 def test_asking_for_the_choice_derives_the_plans_the_routed_backend_then_reads(monkeypatch):
@@ -365,10 +367,10 @@ def test_asking_for_the_choice_derives_the_plans_the_routed_backend_then_reads(m
 def test_grad_y_is_laid_out_as_the_strategy_that_reads_it(forced, batch):
     """``grad_y_layout`` copies ``grad_y [B, Cout, Nout]`` once into the storage the strategy
     reads in place: fovi's ``[B, Nout, Cout]`` for node rows (routed: at few samples), else the
-    textbook's ``[Cout, Nout, B]``. Cout 6 > FEW_SAMPLES, so a choice read off the wrong axis
-    shows."""
+    textbook's ``[Cout, Nout, B]``. Cout > FEW_SAMPLES, so a choice read off the wrong axis
+    shows (at a batch of one only the first storage check can tell them apart)."""
     ops = GeneralOps if forced is None else forced_ops(forced)
-    grad_y = torch.randn(batch, 6, 5)
+    grad_y = torch.randn(batch, node_rows.FEW_SAMPLES + 2, 5)  # [B, Cout, Nout]
     laid_out = ops.grad_y_layout(grad_y)
     assert torch.equal(laid_out, grad_y)
     rows = forced == "node_rows" or (forced is None and node_rows.applies(batch))

@@ -152,9 +152,9 @@ def battery_on(judged: str, device: str) -> dict | None:
         # path differs between runs there (the clean checkout fails determinism on it)
         index = forced_grad_input_path("index", torch.device(device).type)
         paths.append((judged + "[index]", index, [c for c in CHECKS if c != "determinism"]))
-    ops = ops_of(judged)
     for path, knob, checks in paths:
         try:
+            ops = ops_of(judged)  # forced_ops is mutated too
             with knob:
                 report = check_ops(
                     ops,

@@ -38,9 +38,9 @@ second stage like a survivor. A file some of whose mutants mutmut has not run ye
 **Time.** mutmut runs the mutants it expects to be quick first, two at a time, on one thread
 each. A killed mutant costs seconds, one the battery passes a whole battery (for a plain
 backend, ``fovi_ref/check/battery_times.json`` has the default battery's time on two threads),
-then the second stage. ``seconds_this_run`` in the
-record is the wall time of the ``make mutations`` that wrote it (mutmut's cache makes a second
-run short).
+then the second stage. ``seconds_this_run`` in the record is the wall time of the run that
+wrote it, and of nothing before: mutmut's cache makes a second run short, and a ``--no-run``
+pass whose second stage is in the last record takes seconds.
 """
 
 from __future__ import annotations
@@ -147,7 +147,8 @@ def sync_unmutated() -> None:
     """Copy fovi_ref's files that are not mutated (the harness, the judge's battery) and the
     tests (the second stage's) into ``mutants/`` where they differ: mutmut copies a source file
     there only once, and the tests only when it runs. A harness change can change verdicts that
-    mutmut's cache keeps; ``rm -rf mutants`` judges everything again."""
+    mutmut's cache keeps; ``rm -rf mutants`` and a whole ``make mutations`` judge everything
+    again."""
     mutated = set(mutated_files())
     for path in [*(ROOT / "fovi_ref").rglob("*"), *(ROOT / "tests").rglob("*")]:
         relative = str(path.relative_to(ROOT))
@@ -218,9 +219,9 @@ def run_job(names: list[str], run: bool = True, files: list[str] | None = None) 
     """mutmut run (unless ``run`` is False: its cache as it is), then the second stage for its
     survivors, then the record. ``files``: enter only these in the record beside the files it
     has (the second stage of a file's survivors takes minutes each); ``None``: every file whose
-    mutants mutmut has all judged. A file the last record has, unchanged, keeps its lines where
-    the cache has not judged it (:func:`carried_over`); any other file not entered is listed as
-    pending."""
+    mutants mutmut has all judged. A file the last record has, unchanged, keeps its lines of
+    the mutants the cache has not judged (:func:`carried_over`); any other file not entered is
+    listed as pending (:func:`triage_files`)."""
     start = time.monotonic()
     sync_unmutated()
     if run:
@@ -230,7 +231,7 @@ def run_job(names: list[str], run: bool = True, files: list[str] | None = None) 
     previous = json.loads(RECORD.read_text()) if RECORD.exists() else {"mutants": {}}
     equivalents = tomllib.loads(EQUIVALENTS.read_text()) if EQUIVALENTS.exists() else {}
     hashes = file_hashes()
-    judged, kept, pending = sort_files(mutmut_results(), previous, files, hashes)
+    judged, kept, pending = triage_files(mutmut_results(), previous, files, hashes)
     same_change = by_change(previous["mutants"])
 
     def entry(item: tuple[str, str, int | None]) -> dict:
@@ -255,36 +256,61 @@ def run_job(names: list[str], run: bool = True, files: list[str] | None = None) 
     print(table(record))
 
 
-def sort_files(
+def triage_files(
     results: dict[str, tuple[str, int | None]],
     previous: dict,
     files: list[str] | None,
     hashes: dict[str, str],
-) -> tuple[list[tuple[str, str, int | None]], dict[str, dict], Counter]:
-    """What the record does with each file of mutmut's ``results`` (:func:`mutmut_results`):
-    ``(judged, kept, pending)``. ``judged``: ``(mutant, file, exit code)`` of the files mutmut
-    has judged whole and that are to be entered (``files``, and those the last record has; every
-    such file where ``files`` is None). ``kept``: the last record's lines of the other files it
-    entered, unchanged since (:func:`carried_over`). ``pending``: the rest, mutants per file."""
-    unjudged = {source for source, code in results.values() if code is None}
+) -> tuple[list[tuple[str, str, int | None]], dict[str, dict], Counter[str]]:
+    """What the record does with mutmut's ``results`` (:func:`mutmut_results`), file by file:
+    ``(judged, kept, pending)``.
+
+    - ``judged``: ``(mutant, file, exit code)`` for every mutant mutmut has run, of the files
+      that are entered: those mutmut has judged whole, and those the last record holds as they
+      are now (:func:`carried_over`). ``files`` (not None) enters only these beside the
+      record's.
+    - ``kept``: the last record's lines of the mutants mutmut has not run, in those files.
+    - ``pending``: mutants per file of every other file.
+
+    A mutated file (``hashes``) with no mutants in ``results`` is an error unless the last
+    record holds it as it is: mutmut has not generated its mutants (a ``--no-run`` with no
+    ``mutants/``)."""
+    carried = carried_over(previous, results, hashes)
+    found = Counter(source for source, _ in results.values())
+    missing = sorted(set(hashes) - set(found) - set(carried))
+    if missing:
+        raise SystemExit(f"mutmut's cache has no mutants of {missing}: run without --no-run")
+    whole = {s for s in found if all(c is not None for f, c in results.values() if f == s)}
+    entered = whole | set(carried)
     if files is not None:
-        unjudged |= {s for s, _ in results.values()} - {*previous.get("files", {}), *files}
-    kept = carried_over(previous, unjudged, hashes)
-    kept_files = {line["file"] for line in kept.values()}
-    pending = Counter(s for s, _ in results.values() if s in unjudged - kept_files)
-    judged = sorted((n, s, c) for n, (s, c) in results.items() if s not in unjudged)
+        entered &= {*previous.get("files", {}), *files}
+    kept = {n: line for f in entered & set(carried) for n, line in carried[f].items()}
+    judged = sorted((n, s, c) for n, (s, c) in results.items() if s in entered and c is not None)
+    pending = Counter({s: n for s, n in found.items() if s not in entered})
     return judged, kept, pending
 
 
-def carried_over(previous: dict, unjudged: set[str], hashes: dict[str, str]) -> dict[str, dict]:
-    """The last record's lines of the files in ``unjudged`` that it entered from the file as it
-    is now (same hash). mutmut's cache lives in the git-ignored ``mutants/``: a fresh clone, or
-    ``rm -rf mutants``, has judged nothing, and a run restricted to some mutants (``NAME ...``)
-    judges only those. An unchanged file's verdicts still hold, and its second stage (minutes a
-    mutant) is not paid again."""
-    entered = {f for f in unjudged if f in previous.get("files", {})}
-    same = {f for f in entered if previous["files"][f] == hashes.get(f)}
-    return {n: line for n, line in previous["mutants"].items() if line["file"] in same}
+def carried_over(
+    previous: dict, results: dict[str, tuple[str, int | None]], hashes: dict[str, str]
+) -> dict[str, dict[str, dict]]:
+    """Per file, the last record's lines of the mutants mutmut's ``results`` have not run, for
+    every file the record entered from the file as it is now: the same hash, the same mutmut
+    (which numbers the mutants), and the same mutants. mutmut's cache lives in the git-ignored
+    ``mutants/``: a fresh clone, or ``rm -rf mutants``, has judged nothing, and a run restricted
+    to some mutants (``NAME ...``) judges only those. An unchanged file's verdicts still hold,
+    and its second stage (minutes a mutant) is not paid again."""
+    if previous.get("tool") != f"mutmut {version('mutmut')}":
+        return {}
+    carried = {}
+    for source, digest in previous.get("files", {}).items():
+        if hashes.get(source) != digest:
+            continue
+        lines = {n: line for n, line in previous["mutants"].items() if line["file"] == source}
+        now = {n: code for n, (f, code) in results.items() if f == source}
+        if now and set(now) != set(lines):
+            continue  # mutmut made other mutants of it: nothing of the record holds
+        carried[source] = {n: line for n, line in lines.items() if now.get(n) is None}
+    return carried
 
 
 def argued(name: str, line: dict, equivalents: dict[str, str]) -> dict:
