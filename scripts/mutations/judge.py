@@ -170,7 +170,7 @@ def test_default_battery(judged):
     graphs = GRAPHS[os.environ.get("MUTATION_BATTERY", "default")]
     for path, knob, dtypes in _paths(judged):
         try:
-            ops = ops_of(judged)  # inside the try: forced_ops is mutated too (a class a path)
+            ops = ops_of(judged)  # in the try: a mutant of forced_ops may raise here
             with knob:
                 report, failures = _failures(judged, ops, graphs, dtypes)
         except Exception as err:  # raised outside the ops' calls (forced_ops, derive): a kill

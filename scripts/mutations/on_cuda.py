@@ -154,7 +154,7 @@ def battery_on(judged: str, device: str) -> dict | None:
         paths.append((judged + "[index]", index, [c for c in CHECKS if c != "determinism"]))
     for path, knob, checks in paths:
         try:
-            ops = ops_of(judged)  # forced_ops is mutated too
+            ops = ops_of(judged)  # in the try: a mutant of forced_ops may raise here
             with knob:
                 report = check_ops(
                     ops,

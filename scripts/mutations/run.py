@@ -13,9 +13,9 @@ mutants, runs the judge (``judge.py``) once clean to learn which judged backend 
 function, then runs each mutant against the backends that call the mutated function, stopping at
 the first that fails. Its results are cached in ``mutants/``: a second run judges only mutants
 of functions that changed. Two mutants run at a time, one thread each. ``mutants/`` is
-git-ignored, so a fresh clone has judged nothing: the record keeps its lines of every file whose
-hash is unchanged, and ``run.py 'fovi_ref.layout.*'`` judges one file's mutants without paying
-again for the others.
+git-ignored, so a fresh clone has judged nothing: the record keeps its lines of the mutants
+mutmut has not run, in every file it entered as the file is now (:func:`carried_over`), and
+``run.py 'fovi_ref.layout.*'`` judges one file's mutants without paying again for the others.
 
 **Past the default battery.** A mutant the default battery passes is run again on what else the
 repo has, and the record says which killed it:
@@ -32,8 +32,9 @@ record was made from.
 dtype, check, quantity), ``timeout`` (the judge ran past mutmut's limit: an endless or far slower
 backend), ``crashed`` (the worker died), ``killed_full``, ``killed_test``, ``equivalent``,
 ``cuda_only``, ``survived``. ``not reached`` (no judged backend calls the function) goes to the
-second stage like a survivor. A file some of whose mutants mutmut has not run yet is listed as
-``pending`` with its mutant count, and none of its mutants is in the record.
+second stage like a survivor. A file some of whose mutants mutmut has not run yet, and whose
+record lines no longer hold, is listed as ``pending`` with its mutant count, and none of its
+mutants is in the record (:func:`triage_files`).
 
 **Time.** mutmut runs the mutants it expects to be quick first, two at a time, on one thread
 each. A killed mutant costs seconds, one the battery passes a whole battery (for a plain
