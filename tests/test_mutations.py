@@ -1,8 +1,11 @@
-"""The mutation record (scripts/mutations/record.json) stays true: it was made from the backend
-files as they are, no mutant survived unargued, and the README states its score.
+"""The mutation record (scripts/mutations/record.json) stays true: every verdict is keyed by the
+function it judged, no mutant survived unargued, and the README states its score, its pending
+count and the commit its sources were read from.
 
-The record is made by ``make mutations`` (hours on 2 cores); CI reruns a seeded sample of it
-(``scripts/mutations/run.py --sample``, in .ci/run). These tests read it and nothing more.
+A function whose code changed since the record was written is pending, not a failure:
+``make mutations`` judges it, and CI judges a seeded sample of it first
+(``scripts/mutations/run.py --sample``, in .ci/run). These tests read the record, and the keys'
+rules on small sources of their own.
 """
 
 from __future__ import annotations
@@ -21,21 +24,29 @@ from fovi_ref.strategies import STRATEGIES
 pytest.importorskip("mutmut", reason="scripts/mutations/run.py reads mutmut's status names")
 RUN = load_script("scripts/mutations/run.py")
 PLANTED = load_script("scripts/mutation_check.py")
-JUDGE = RUN.load_judge()
+JUDGE = RUN.load_sibling("judge")
+KEYS = RUN.keys
 RECORD = json.loads(RUN.RECORD.read_text())
 EQUIVALENTS = tomllib.loads(RUN.EQUIVALENTS.read_text())
 VERDICTS = {*RUN.KILLED, "killed_full", "killed_test", "equivalent", "cuda_only"}
 
 
-def test_the_record_was_made_from_the_backend_files_as_they_are():
-    """Change a judged file and this fails until ``make mutations`` judges it again. A file
-    whose mutants are not all judged yet is listed as pending, with its mutant count."""
-    hashes = RUN.file_hashes()
-    changed = [f for f, h in RECORD["files"].items() if hashes[f] != h]
-    assert not changed, f"mutated since the record was made: {changed}; run make mutations"
-    assert sorted([*RECORD["files"], *RECORD["pending"]]) == RUN.mutated_files()
-    assert {m["file"] for m in RECORD["mutants"].values()} == set(RECORD["files"])
-    assert all(count > 0 for count in RECORD["pending"].values())
+def test_the_record_keys_every_mutant_by_a_function_it_judged():
+    """Each mutant's function has a key in the record and is not pending there; a pending
+    function has mutants to judge and none of them in the record."""
+    functions, pending = RECORD["functions"], RECORD["pending"]
+    assert set(pending) <= set(functions) and all(n > 0 for n in pending.values())
+    for name, mutant in RECORD["mutants"].items():
+        assert RUN.function_id(name) in functions, name
+        assert RUN.function_id(name) not in pending, name
+        assert RUN.function_id(name).startswith(mutant["file"] + "::"), name
+    files = {f.partition("::")[0] for f in functions}
+    assert all(f"{f}::{KEYS.MODULE}" in functions for f in files)
+
+
+def test_the_record_was_read_from_a_commit_of_this_repository():
+    commit = RECORD["sources"].removesuffix("+uncommitted")
+    assert re.fullmatch(r"[0-9a-f]{40}", commit), RECORD["sources"]
 
 
 def test_no_mutant_survived_and_every_equivalent_is_argued():
@@ -48,15 +59,16 @@ def test_no_mutant_survived_and_every_equivalent_is_argued():
         if mutant["verdict"] == "killed":
             assert set(mutant["by"]) >= {"backend", "graph", "dtype", "check", "quantity"}
     argued = {n for n, v in verdicts.items() if v in ("equivalent", "cuda_only")}
-    stale = {n for n in EQUIVALENTS if RUN.file_of(n) in RECORD["files"]} - argued
+    judged = {RUN.function_id(n) for n in RECORD["mutants"]}
+    stale = {n for n in EQUIVALENTS if RUN.function_id(n) in judged} - argued
     assert not stale, f"arguments for mutants that are not equivalent in the record: {stale}"
-    assert all(RUN.file_of(n) in RUN.mutated_files() for n in EQUIVALENTS)  # pending files' wait
+    assert all(RUN.file_of(n) in RUN.mutated_files() for n in EQUIVALENTS)  # pending ones wait
 
 
 def test_every_mutant_has_a_place_and_a_change():
+    """The line is the mutant's in the sources the record was read from."""
     for name, mutant in RECORD["mutants"].items():
-        lines = (ROOT / mutant["file"]).read_text().count("\n")
-        assert 1 <= mutant["line"] <= lines, name
+        assert mutant["line"] >= 1, name
         assert "->" in mutant["change"], name
 
 
@@ -77,12 +89,11 @@ def test_the_readme_states_the_records_score():
     )
     assert stated, "the README's validator section states no mutation score"
     keys = ("killed", "judged", "equivalent", "cuda_only", "full_only", "test_only")
-    assert dict(zip(keys, map(int, stated.groups()), strict=True)) == figures
-    judged, pending = len(RECORD["files"]), len(RECORD["pending"])
-    if pending:
-        assert f"{judged} of the {judged + pending} files are judged so far" in readme
-    else:
-        assert f"All {judged} files are judged" in readme
+    assert dict(zip(keys, map(int, stated.groups()), strict=True)) == {k: figures[k] for k in keys}
+    sources = f"read from commit `{RECORD['sources'][:7]}`"
+    assert sources + ("" if "+" not in RECORD["sources"] else " and uncommitted changes") in readme
+    pending = f"{figures['pending']} mutants of {figures['pending_functions']} functions pending"
+    assert pending in readme
     # a CUDA-only mutant scripts/mutations/on_cuda.py killed on a GPU says so in its argument
     on_gpu = [m for m in RECORD["mutants"].values() if "killed on CUDA" in m.get("argument", "")]
     assert all(m["verdict"] == "cuda_only" for m in on_gpu)
@@ -100,15 +111,6 @@ def test_each_retired_planted_class_has_a_quiet_mutant_the_oracle_kills():
         assert not mutant["by"]["note"].startswith("raised"), (kind, mutant)
 
 
-def test_mutant_names_after_files_are_refused_not_run_as_a_whole_job(capsys):
-    """``--files`` takes every argument after it: a mutant name there would leave none to
-    rerun, and mutmut would run every unjudged mutant (hours)."""
-    with pytest.raises(SystemExit) as stopped:
-        RUN.main(["--files", "fovi_ref/layout.py", "fovi_ref.layout.x_linear_rows__mutmut_3"])
-    assert stopped.value.code == 2
-    assert "put mutant names before it" in capsys.readouterr().err
-
-
 def test_a_renumbered_mutant_keeps_its_second_stage_verdict_and_a_repeated_change_does_not():
     """An edit above a mutant renumbers it: the record finds its last verdict by its change,
     where that change names one mutant of the file only."""
@@ -122,81 +124,121 @@ def test_a_renumbered_mutant_keeps_its_second_stage_verdict_and_a_repeated_chang
     assert same == {("f.py", "a + b  ->  a - b"): record["m__mutmut_1"]}
 
 
+# ------------------------------------------------------------------- verdicts keyed by function
+SOURCE = '''"""A module."""
+
+LIMIT = 3  # a constant
+
+
+def grow(x):
+    """Doubles."""
+    return x * 2  # twice
+
+
+class Ops:
+    """Some ops."""
+
+    name = "ops"
+
+    def run(self, x, scale=1):
+        return grow(x) * scale
+'''
+
+
+def test_a_docstring_or_comment_edit_keeps_every_key():
+    edited = SOURCE.replace("Doubles.", "Doubles its argument.").replace("# twice", "# x + x")
+    edited = edited.replace('"""Some ops."""', '"""Ops, reworded."""\n    # a comment')
+    assert KEYS.function_keys(edited) == KEYS.function_keys(SOURCE)
+    assert set(KEYS.function_keys(SOURCE)) == {"grow", "Ops.run", KEYS.MODULE}
+
+
+def test_a_code_change_moves_its_own_functions_key_only():
+    before = KEYS.function_keys(SOURCE)
+    for edited, moved in [
+        (SOURCE.replace("x * 2", "x * 3"), {"grow"}),
+        (SOURCE.replace("scale=1", "scale=2"), {"Ops.run"}),  # a default is the function's
+        (SOURCE.replace("LIMIT = 3", "LIMIT = 4"), {KEYS.MODULE}),
+        (SOURCE.replace('name = "ops"', 'name = "other"'), {KEYS.MODULE}),
+        (SOURCE.replace("def grow", "@cache\ndef grow"), {"grow"}),  # a decorator
+    ]:
+        after = KEYS.function_keys(edited)
+        assert {f for f in before if after[f] != before[f]} == moved, edited
+
+
+def test_mutmut_names_map_to_the_functions_keys():
+    assert KEYS.function_of("fovi_ref.segment_sum.x_segment_sum__mutmut_3") == "segment_sum"
+    method = "fovi_ref.knn_general.xǁGeneralTextbookOpsǁforward__mutmut_12"
+    assert KEYS.function_of(method) == "GeneralTextbookOps.forward"
+    assert RUN.function_id(method) == "fovi_ref/knn_general.py::GeneralTextbookOps.forward"
+    strategy = "fovi_ref.strategies.x_strategy_for__mutmut_1"  # a package's module
+    assert RUN.function_id(strategy) == "fovi_ref/strategies/__init__.py::strategy_for"
+
+
 def _triage_case():
-    """A last record of three files and mutmut's results in a fresh clone: ``same.py``
-    unchanged and not run, ``part.py`` unchanged with one mutant rerun, ``changed.py`` edited
-    and not run, ``new.py`` never entered and not run, ``run.py`` entered and run whole."""
-    line = {"line": 3, "change": "a  ->  b", "verdict": "killed", "by": {}}
-    names = {"same": 1, "part": 2, "changed": 1, "run": 2}
+    """A record of two files, ``a`` and ``b``, and mutmut's results in a fresh clone. In ``a``:
+    ``same`` unchanged and not run, ``edited`` changed and not run, ``rerun`` changed and run
+    whole; ``b``'s module code (a constant) changed, so its unchanged ``kept`` is pending too."""
+    a, b = "pkg/a/__init__.py", "pkg/b/__init__.py"
+    line = {"line": 3, "change": "x  ->  y", "verdict": "killed", "by": {}}
+    names = {"pkg.a.x_same": (a, 2), "pkg.a.x_edited": (a, 1), "pkg.a.x_rerun": (a, 1)}
+    names["pkg.b.x_kept"] = (b, 1)
     previous = {
         "tool": RECORD["tool"],
-        "files": {"same.py": "h1", "part.py": "h2", "changed.py": "h3", "run.py": "h4"},
+        "functions": {f"{a}::{KEYS.MODULE}": "ma", f"{b}::{KEYS.MODULE}": "mb"},
+        "pending": {},
         "mutants": {
-            f"{f}.x__mutmut_{i}": {"file": f"{f}.py", **line}
-            for f, count in names.items()
+            f"{f}__mutmut_{i}": {"file": source, **line}
+            for f, (source, count) in names.items()
             for i in range(1, count + 1)
         },
     }
-    results = {  # exit codes: None for a mutant mutmut has not run
-        "same.x__mutmut_1": ("same.py", None),
-        "part.x__mutmut_1": ("part.py", 1),
-        "part.x__mutmut_2": ("part.py", None),
-        "changed.x__mutmut_1": ("changed.py", None),
-        "new.x__mutmut_1": ("new.py", None),
-        "run.x__mutmut_1": ("run.py", 1),
-        "run.x__mutmut_2": ("run.py", 0),
-    }
-    hashes = {"same.py": "h1", "part.py": "h2", "changed.py": "h9", "new.py": "h5", "run.py": "h6"}
-    return previous, results, hashes
+    for function in ("same", "edited", "rerun"):
+        previous["functions"][f"{a}::{function}"] = "k"
+    previous["functions"][f"{b}::kept"] = "k"
+    now = {**previous["functions"], f"{a}::edited": "k2", f"{a}::rerun": "k2"}
+    now[f"{b}::{KEYS.MODULE}"] = "mb2"
+    results = {name: (line["file"], None) for name, line in previous["mutants"].items()}
+    results["pkg.a.x_rerun__mutmut_1"] = (a, 1)  # mutmut ran it: an exit code
+    return previous, results, now
 
 
-def test_an_unchanged_file_keeps_the_lines_of_the_mutants_the_cache_has_not_run():
-    """A fresh ``mutants/`` has judged nothing: the record keeps its lines of an unchanged file
-    and judges anew what mutmut ran in it; a changed file, and one it never entered, are
-    pending; a file mutmut judged whole is judged anew."""
-    previous, results, hashes = _triage_case()
-    judged, kept, pending = RUN.triage_files(results, previous, None, hashes)
-    assert set(kept) == {"same.x__mutmut_1", "part.x__mutmut_2"}
-    assert kept["same.x__mutmut_1"] == previous["mutants"]["same.x__mutmut_1"]
-    assert [n for n, _, _ in judged] == ["part.x__mutmut_1", "run.x__mutmut_1", "run.x__mutmut_2"]
-    assert pending == {"changed.py": 1, "new.py": 1}
+def test_an_unchanged_function_keeps_its_verdicts_and_a_changed_one_is_pending():
+    """A fresh ``mutants/`` has judged nothing: the record keeps the lines of a function whose
+    code and module are unchanged; a changed function mutmut has run whole is judged anew; any
+    other changed function, and every function of a file whose module code changed, is pending."""
+    previous, results, now = _triage_case()
+    judged, kept, pending = RUN.triage_functions(results, previous, now, set())
+    assert set(kept) == {"pkg.a.x_same__mutmut_1", "pkg.a.x_same__mutmut_2"}
+    assert kept["pkg.a.x_same__mutmut_1"] == previous["mutants"]["pkg.a.x_same__mutmut_1"]
+    assert [n for n, _, _ in judged] == ["pkg.a.x_rerun__mutmut_1"]
+    assert pending == {"pkg/a/__init__.py::edited": 1, "pkg/b/__init__.py::kept": 1}
 
 
-def test_files_enters_only_the_named_files_beside_the_records():
-    """A file mutmut judged whole is entered by a plain run, and with ``--files`` only when
-    named (its second stage takes minutes a mutant)."""
-    previous, results, hashes = _triage_case()
-    results["new.x__mutmut_1"] = ("new.py", 0)  # new.py judged whole
-    _, _, pending = RUN.triage_files(results, previous, None, hashes)
-    assert pending == {"changed.py": 1}
-    _, _, pending = RUN.triage_files(results, previous, [], hashes)
-    assert pending == {"changed.py": 1, "new.py": 1}
-    _, _, pending = RUN.triage_files(results, previous, ["new.py"], hashes)
-    assert pending == {"changed.py": 1}
+def test_a_rerun_mutant_of_an_unchanged_function_is_judged_anew():
+    previous, results, now = _triage_case()
+    results["pkg.a.x_same__mutmut_2"] = ("pkg/a/__init__.py", 0)
+    rerun = {"pkg.a.x_same__mutmut_2"}
+    judged, kept, _ = RUN.triage_functions(results, previous, now, rerun)
+    assert "pkg.a.x_same__mutmut_1" in kept and "pkg.a.x_same__mutmut_2" not in kept
+    assert "pkg.a.x_same__mutmut_2" in [n for n, _, _ in judged]
 
 
 def test_nothing_is_kept_from_another_mutmut_or_from_other_mutants():
-    """mutmut numbers a file's mutants: another version, or other mutants of the same file,
-    make the last record's names mean other changes."""
-    previous, results, hashes = _triage_case()
+    """mutmut numbers a function's mutants: another version, or other mutants of the same
+    function, make the last record's names mean other changes."""
+    previous, results, now = _triage_case()
     older = {**previous, "tool": "mutmut 0.0.1"}
-    assert RUN.triage_files(results, older, None, hashes)[1] == {}
-    results["same.x__mutmut_2"] = ("same.py", None)  # a mutant the record does not have
-    _, kept, pending = RUN.triage_files(results, previous, None, hashes)
-    assert "same.x__mutmut_1" not in kept and pending["same.py"] == 2
+    assert RUN.triage_functions(results, older, now, set())[1] == {}
+    results["pkg.a.x_same__mutmut_3"] = ("pkg/a/__init__.py", None)  # not in the record
+    _, kept, pending = RUN.triage_functions(results, previous, now, set())
+    assert not kept and pending["pkg/a/__init__.py::same"] == 3
 
 
-def test_a_file_with_no_mutants_in_the_cache_is_refused_unless_the_record_holds_it():
-    """``--no-run`` where mutmut has not generated a file's mutants: an unchanged file of the
-    record keeps its lines, any other stops the job before it writes the record."""
-    previous, results, hashes = _triage_case()
-    del results["new.x__mutmut_1"]  # mutmut never generated new.py's mutants
-    with pytest.raises(SystemExit, match=r"no mutants of \['new.py'\]"):
-        RUN.triage_files(results, previous, None, hashes)
-    del results["same.x__mutmut_1"]  # same.py: the record holds it as it is
-    hashes.pop("new.py")
-    _, kept, _ = RUN.triage_files(results, previous, None, hashes)
-    assert "same.x__mutmut_1" in kept
+def test_a_function_pending_in_the_record_stays_pending_until_judged():
+    previous, results, now = _triage_case()
+    previous["pending"] = {"pkg/a/__init__.py::same": 2}
+    _, kept, pending = RUN.triage_functions(results, previous, now, set())
+    assert not kept and pending["pkg/a/__init__.py::same"] == 2
 
 
 def test_a_kept_line_is_argued_by_the_arguments_as_they_are_now():

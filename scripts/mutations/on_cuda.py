@@ -57,9 +57,8 @@ is about 30 s on 2 cores; on a GPU it is launch-bound)."""
 
 
 def file_hash(path: str) -> str:
-    """sha256 of a checkout file, as ``record.json`` names its files. ``run.file_hashes``
-    computes the same, but this module cannot import ``run`` on the GPU machine, which has no
-    mutmut."""
+    """sha256 of a checkout file: an exported mutant is judged against the very file it was
+    made from."""
     return hashlib.sha256((ROOT / path).read_bytes()).hexdigest()
 
 
@@ -108,9 +107,13 @@ def export(folder: Path) -> None:
 
     os.chdir(ROOT)  # mutmut reads mutants/ from here
     record = json.loads(run.RECORD.read_text())
-    stale = [f for f, h in record["files"].items() if file_hash(f) != h]
+    waiting = set(run.pending_now(record))
+    argued = {
+        run.function_id(n) for n, m in record["mutants"].items() if m["verdict"] == "cuda_only"
+    }
+    stale = sorted(argued & waiting)
     if stale:
-        sys.exit(f"the record was not made from these files as they are: {stale}")
+        sys.exit(f"the record does not hold these functions as they are (make mutations): {stale}")
     codes = {name: code for name, (_, code) in run.mutmut_results().items()}
     mutants = []
     for name, entry in sorted(record["mutants"].items()):

@@ -1,21 +1,29 @@
 """The mutation job: mutmut rewrites the op's backends one small change at a time, the default
 battery judges every mutant, and ``record.json`` says what killed each one.
 
-    python scripts/mutations/run.py [MUTANT_GLOB ...]   # make mutations: run, then write the record
-    python scripts/mutations/run.py --sample 12 --seed 0  # CI: rerun a seeded sample of the record
-    python scripts/mutations/run.py --table             # the per-file table of the record
-    python scripts/mutations/run.py --no-run --files F  # enter file F (its second stage) alone
-    python scripts/mutations/run.py NAME ... --files F  # rerun mutants, enter F (names first)
+    python scripts/mutations/run.py                      # make mutations: judge the pending
+    python scripts/mutations/run.py [MUTANT_GLOB ...]    # judge these mutants again
+    python scripts/mutations/run.py --table              # the record's table; pending now
+    python scripts/mutations/run.py --sample 8 --seed 0  # CI: pending first, then the record's
+    python scripts/mutations/run.py --no-run             # the record from mutmut's cache
 
-**The run.** ``mutmut run`` (its configuration is ``[tool.mutmut]`` in pyproject.toml) copies
-``fovi_ref`` to ``mutants/``, where each function of the mutated files can switch to any of its
-mutants, runs the judge (``judge.py``) once clean to learn which judged backend calls which
-function, then runs each mutant against the backends that call the mutated function, stopping at
-the first that fails. Its results are cached in ``mutants/``: a second run judges only mutants
-of functions that changed. Two mutants run at a time, one thread each. ``mutants/`` is
-git-ignored, so a fresh clone has judged nothing: the record keeps its lines of the mutants
-mutmut has not run, in every file it entered as the file is now (:func:`carried_over`), and
-``run.py 'fovi_ref.layout.*'`` judges one file's mutants without paying again for the others.
+**Verdicts follow functions** (:mod:`keys`). The record keys every mutant by the function it
+mutates, and stores each function's key: the hash of its code, docstrings and comments left out;
+the rest of its file is one more key, ``<module>``. A verdict stands while its own function and
+its file's ``<module>`` are unchanged, even if a function it calls has changed: a docstring or a
+comment edit leaves every verdict standing, and a code change leaves the other functions'
+standing. A function whose key differs from the record's (or that the record does not have) is
+*pending*: its mutants are judged by the next ``make mutations``, and until then nothing fails;
+``--table`` and CI's sample say what is pending.
+
+**The run.** ``make mutations`` judges the pending functions only, from a fresh clone too.
+``mutmut run`` (its configuration is ``[tool.mutmut]`` in pyproject.toml) copies ``fovi_ref`` to
+``mutants/``, where each function of the mutated files can switch to any of its mutants, and runs
+the judge (``judge.py``) on each mutant of a pending function, against the backends that call
+that function, stopping at the first that fails. Which backend calls which function is mutmut's
+*stats*: a fresh clone takes them from the record (:func:`seed_stats`) instead of running every
+battery once to learn them, unless a pending function is not in them. Two mutants run at a time,
+one thread each. ``mutants/`` is mutmut's cache and git-ignored.
 
 **Past the default battery.** A mutant the default battery passes is run again on what else the
 repo has, and the record says which killed it:
@@ -24,31 +32,26 @@ repo has, and the record says which killed it:
 2. the unit tests of the mutated file (:data:`UNIT_TESTS`).
 
 A mutant none of these kills is *equivalent* or differs *on CUDA only*, with its argument in
-``equivalents.toml``, or it *survived*. ``tests/test_mutations.py`` fails on a survivor, on an
-argument whose mutant is not one of those, and on a judged file whose hash is not the one the
-record was made from.
+``equivalents.toml``, or it *survived*. ``tests/test_mutations.py`` fails on a survivor and on an
+argument whose mutant is not one of those; it never fails on pending functions.
 
 **Verdicts** in the record: ``killed`` (``by`` the default battery: backend and path, graph,
 dtype, check, quantity), ``timeout`` (the judge ran past mutmut's limit: an endless or far slower
 backend), ``crashed`` (the worker died), ``killed_full``, ``killed_test``, ``equivalent``,
 ``cuda_only``, ``survived``. ``not reached`` (no judged backend calls the function) goes to the
-second stage like a survivor. A file some of whose mutants mutmut has not run yet, and whose
-record lines no longer hold, is listed as ``pending`` with its mutant count, and none of its
-mutants is in the record (:func:`triage_files`).
+second stage like a survivor. A function some of whose mutants mutmut has not run is listed in
+``pending`` with its mutant count, and none of its mutants is in the record.
 
-**Time.** mutmut runs the mutants it expects to be quick first, two at a time, on one thread
-each. A killed mutant costs seconds, one the battery passes a whole battery (for a plain
+**Time.** A killed mutant costs seconds, one the battery passes a whole battery (for a plain
 backend, ``fovi_ref/check/battery_times.json`` has the default battery's time on two threads),
 then the second stage. ``seconds_this_run`` in the record is the wall time of the run that
-wrote it, and of nothing before: mutmut's cache makes a second run short, and a ``--no-run``
-pass whose second stage is in the last record takes seconds.
+wrote it, and of nothing before.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import importlib.util
 import json
 import os
@@ -67,6 +70,18 @@ from mutmut.stats import status_by_exit_code
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "scripts" / "mutations"
+
+
+def load_sibling(name: str):
+    """``scripts/mutations/<name>.py`` as a module: this script is also loaded by path (the
+    tests' ``load_script``), where its folder is not on ``sys.path``."""
+    spec = importlib.util.spec_from_file_location(f"mutation_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+keys = load_sibling("keys")
 RECORD = HERE / "record.json"
 EQUIVALENTS = HERE / "equivalents.toml"
 MUTANTS = ROOT / "mutants"
@@ -123,22 +138,43 @@ def file_of(mutant: str) -> str:
     return f"{module}.py" if (ROOT / f"{module}.py").exists() else f"{module}/__init__.py"
 
 
-def file_hashes() -> dict[str, str]:
-    """sha256 of every mutated file, as the record stores them."""
-    return {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest() for f in mutated_files()}
+def function_keys_now() -> dict[str, str]:
+    """``{"file::function": key}`` of every function of the mutated files, and each file's
+    ``file::<module>`` (:func:`keys.function_keys`)."""
+    return {
+        f"{source}::{function}": key
+        for source in mutated_files()
+        for function, key in keys.file_keys(ROOT / source).items()
+    }
+
+
+def function_id(mutant: str) -> str:
+    """``"file::function"`` of a mutmut name, as :func:`function_keys_now` keys it."""
+    return f"{file_of(mutant)}::{keys.function_of(mutant)}"
+
+
+def current_in(record: dict, function: str, now: dict[str, str]) -> bool:
+    """Whether ``record`` judged ``function`` (``"file::function"``) as its code is ``now``: the
+    same key for it and for its file's ``<module>``, made by the same mutmut (which numbers the
+    mutants), and not pending there."""
+    module = f"{function.partition('::')[0]}::{keys.MODULE}"
+    judged = record.get("functions", {})
+    same = all(now.get(f) is not None and judged.get(f) == now[f] for f in (function, module))
+    made_alike = record.get("tool") == f"mutmut {version('mutmut')}"
+    return same and made_alike and function not in record.get("pending", {})
 
 
 def env_for(mutant: str, **extra: str) -> dict[str, str]:
     """The environment that runs ``mutant`` from ``mutants/``: its copy of fovi_ref first."""
-    return {**os.environ, "MUTANT_UNDER_TEST": mutant, "PYTHONPATH": str(MUTANTS),
-            "OMP_NUM_THREADS": "1", **extra}  # fmt: skip
+    here = {"MUTANT_UNDER_TEST": mutant, "PYTHONPATH": str(MUTANTS), "OMP_NUM_THREADS": "1"}
+    return {**os.environ, **here, **extra}
 
 
 def pytest_fails(mutant: str, args: list[str], **extra: str) -> bool:
     """Whether pytest, run from ``mutants/`` with ``mutant`` switched on, fails."""
     command = [sys.executable, "-m", "pytest", "-x", "-q", "--rootdir=.", "-p", "no:cacheprovider"]
-    done = subprocess.run(command + args, cwd=MUTANTS, env=env_for(mutant, **extra),
-                          capture_output=True, text=True)  # fmt: skip
+    env = env_for(mutant, **extra)
+    done = subprocess.run(command + args, cwd=MUTANTS, env=env, capture_output=True, text=True)
     if done.returncode not in (0, 1):
         raise RuntimeError(f"pytest could not run for {mutant}:\n{done.stdout[-2000:]}")
     return done.returncode == 1
@@ -186,8 +222,7 @@ def change_of(mutant: str, source: str) -> tuple[int, str]:
 
 def function_line_of(source: str, mutant: str, text: str) -> int:
     """The line of ``text`` inside the mutated function of ``source`` (its first line if none)."""
-    name = mutant.rpartition("__mutmut_")[0].rpartition(".")[2]
-    name = name.rpartition("ǁ")[2] if "ǁ" in name else name.removeprefix("x_")
+    name = keys.function_of(mutant).rpartition(".")[2]
     lines = (ROOT / source).read_text().splitlines()
     for node in ast.walk(ast.parse("\n".join(lines))):
         if isinstance(node, ast.FunctionDef) and node.name == name:
@@ -216,23 +251,27 @@ def second_stage(mutant: str, source: str) -> tuple[str, dict]:
 
 
 # ---------------------------------------------------------------------------------- the job
-def run_job(names: list[str], run: bool = True, files: list[str] | None = None) -> None:
-    """mutmut run (unless ``run`` is False: its cache as it is), then the second stage for its
-    survivors, then the record. ``files``: enter only these in the record beside the files it
-    has (the second stage of a file's survivors takes minutes each); ``None``: every file whose
-    mutants mutmut has all judged. A file the last record has, unchanged, keeps its lines of
-    the mutants the cache has not judged (:func:`carried_over`); any other file not entered is
-    listed as pending (:func:`triage_files`)."""
+def run_job(names: list[str], run: bool = True) -> None:
+    """mutmut run on ``names`` (none: the mutants of every pending function; ``run`` False:
+    mutmut's cache as it is), then the second stage for the survivors, then the record."""
     start = time.monotonic()
+    previous = json.loads(RECORD.read_text()) if RECORD.exists() else {"mutants": {}}
+    now = function_keys_now()
+    generate_mutants()  # mutmut's names of every mutant, to know the pending ones by name
     sync_unmutated()
-    if run:
+    results = mutmut_results()
+    if run and not names:
+        names = sorted(n for n in results if not current_in(previous, function_id(n), now))
+    if run and names:
+        seed_stats(previous, names)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         command = [sys.executable, "-m", "mutmut", "run", "--max-children", "2", *names]
         subprocess.run(command, cwd=ROOT, env=env, check=True)
-    previous = json.loads(RECORD.read_text()) if RECORD.exists() else {"mutants": {}}
+        results = mutmut_results()
+    elif run:
+        print("nothing is pending: every function's verdicts stand")
     equivalents = tomllib.loads(EQUIVALENTS.read_text()) if EQUIVALENTS.exists() else {}
-    hashes = file_hashes()
-    judged, kept, pending = triage_files(mutmut_results(), previous, files, hashes)
+    judged, kept, pending = triage_functions(results, previous, now, set(names) if run else set())
     same_change = by_change(previous["mutants"])
 
     def entry(item: tuple[str, str, int | None]) -> dict:
@@ -248,8 +287,10 @@ def run_job(names: list[str], run: bool = True, files: list[str] | None = None) 
     record = {
         "tool": f"mutmut {version('mutmut')}",
         "judge": JUDGE,
-        "files": {f: h for f, h in hashes.items() if f not in pending},
-        "pending": {f: pending[f] for f in sorted(pending)},
+        "sources": sources_read(),
+        "functions": now,
+        "pending": dict(sorted(pending.items())),
+        "stats": stats_to_keep(previous),
         "seconds_this_run": round(time.monotonic() - start),
         "mutants": dict(sorted(mutants.items())),
     }
@@ -257,61 +298,87 @@ def run_job(names: list[str], run: bool = True, files: list[str] | None = None) 
     print(table(record))
 
 
-def triage_files(
+def triage_functions(
     results: dict[str, tuple[str, int | None]],
     previous: dict,
-    files: list[str] | None,
-    hashes: dict[str, str],
-) -> tuple[list[tuple[str, str, int | None]], dict[str, dict], Counter[str]]:
-    """What the record does with mutmut's ``results`` (:func:`mutmut_results`), file by file:
-    ``(judged, kept, pending)``.
+    now: dict[str, str],
+    rerun: set[str],
+) -> tuple[list[tuple[str, str, int | None]], dict[str, dict], dict[str, int]]:
+    """What the record does with mutmut's ``results`` (:func:`mutmut_results`), function by
+    function: ``(judged, kept, pending)``.
 
-    - ``judged``: ``(mutant, file, exit code)`` for every mutant mutmut has run, of the files
-      that are entered: those mutmut has judged whole, and those the last record holds as they
-      are now (:func:`carried_over`). ``files`` (not None) enters only these beside the
-      record's.
-    - ``kept``: the last record's lines of the mutants mutmut has not run, in those files.
-    - ``pending``: mutants per file of every other file.
-
-    A mutated file (``hashes``) with no mutants in ``results`` is an error unless the last
-    record holds it as it is: mutmut has not generated its mutants (a ``--no-run`` with no
-    ``mutants/``)."""
-    carried = carried_over(previous, results, hashes)
-    found = Counter(source for source, _ in results.values())
-    missing = sorted(set(hashes) - set(found) - set(carried))
-    if missing:
-        raise SystemExit(f"mutmut's cache has no mutants of {missing}: run without --no-run")
-    whole = {s for s in found if all(c is not None for f, c in results.values() if f == s)}
-    entered = whole | set(carried)
-    if files is not None:
-        entered &= {*previous.get("files", {}), *files}
-    kept = {n: line for f in entered & set(carried) for n, line in carried[f].items()}
-    judged = sorted((n, s, c) for n, (s, c) in results.items() if s in entered and c is not None)
-    pending = Counter({s: n for s, n in found.items() if s not in entered})
+    - ``kept``: the last record's lines of a function it judged as its code is ``now``
+      (:func:`current_in`) with the same mutants, except those this run ran again (``rerun``).
+    - ``judged``: ``(mutant, file, exit code)`` of those rerun, and of every mutant of a function
+      that is not current in the record and whose mutants mutmut has all run.
+    - ``pending``: ``{"file::function": mutant count}`` of every other function."""
+    by_function: dict[str, list[str]] = {}
+    for name in results:
+        by_function.setdefault(function_id(name), []).append(name)
+    judged, kept, pending = [], {}, {}
+    for function, names in sorted(by_function.items()):
+        recorded = {n for n, m in previous["mutants"].items() if function_id(n) == function}
+        if current_in(previous, function, now) and recorded == set(names):
+            kept |= {n: previous["mutants"][n] for n in names if n not in rerun}
+            judged += [(n, *results[n]) for n in sorted(names) if n in rerun]
+        elif all(results[n][1] is not None for n in names):
+            judged += [(n, *results[n]) for n in sorted(names)]
+        else:
+            pending[function] = len(names)
     return judged, kept, pending
 
 
-def carried_over(
-    previous: dict, results: dict[str, tuple[str, int | None]], hashes: dict[str, str]
-) -> dict[str, dict[str, dict]]:
-    """Per file, the last record's lines of the mutants mutmut's ``results`` have not run, for
-    every file the record entered from the file as it is now: the same hash, the same mutmut
-    (which numbers the mutants), and the same mutants. mutmut's cache lives in the git-ignored
-    ``mutants/``: a fresh clone, or ``rm -rf mutants``, has judged nothing, and a run restricted
-    to some mutants (``NAME ...``) judges only those. An unchanged file's verdicts still hold,
-    and its second stage (minutes a mutant) is not paid again."""
-    if previous.get("tool") != f"mutmut {version('mutmut')}":
-        return {}
-    carried = {}
-    for source, digest in previous.get("files", {}).items():
-        if hashes.get(source) != digest:
-            continue
-        lines = {n: line for n, line in previous["mutants"].items() if line["file"] == source}
-        now = {n: code for n, (f, code) in results.items() if f == source}
-        if now and set(now) != set(lines):
-            continue  # mutmut made other mutants of it: nothing of the record holds
-        carried[source] = {n: line for n, line in lines.items() if now.get(n) is None}
-    return carried
+def sources_read() -> str:
+    """The commit the mutated files were read from: ``HEAD``'s hash, with ``+uncommitted``
+    where a mutated file differs from it."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    status = ["git", "status", "--porcelain", "--", *mutated_files()]
+    dirty = subprocess.run(status, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return head.stdout.strip() + ("+uncommitted" if dirty else "")
+
+
+# ------------------------------------------------------------------- mutmut's stats, kept
+STATS = MUTANTS / "mutmut-stats.json"
+
+
+def stats_to_keep(previous: dict) -> dict:
+    """Which judge tests call each mutated function, and each test's clean time: mutmut's stats
+    as this run left them (else the last record's), for a fresh clone's :func:`seed_stats`."""
+    if not STATS.exists():
+        return previous.get("stats", {})
+    stats = json.loads(STATS.read_text())
+    calls = stats["tests_by_mangled_function_name"]
+    return {
+        "tests_by_function": {name: sorted(tests) for name, tests in sorted(calls.items())},
+        "duration_by_test": dict(sorted(stats["duration_by_test"].items())),
+    }
+
+
+def seed_stats(previous: dict, names: list[str]) -> None:
+    """Write the record's stats as mutmut's, where ``mutants/`` has none: mutmut then skips its
+    stats pass (every judged battery run once, clean, minutes). A function the record has but
+    no judge test called stays uncalled (mutmut's "not reached"); a function the record does
+    not have makes mutmut run its stats pass."""
+    stats = previous.get("stats")
+    if STATS.exists() or not stats:
+        return
+    if any("*" in n or function_id(n) not in previous.get("functions", {}) for n in names):
+        return  # a glob, or a function new since the record: mutmut learns its callers itself
+    from mutmut.configuration import config
+
+    os.chdir(ROOT)  # mutmut's configuration is pyproject.toml's, read from here
+    seeded = {
+        "tests_by_mangled_function_name": stats["tests_by_function"],
+        "duration_by_test": stats["duration_by_test"],
+        "stats_time": 0,
+        "function_hashes": {},  # no old hashes: mutmut invalidates no caller edges
+        "function_dependencies": {},
+        "config_fingerprint": config().config_fingerprint(),
+        "watched_file_hashes": {},
+        "git_commit": None,
+    }
+    STATS.write_text(json.dumps(seeded, indent=1))
+    print(f"mutmut's stats taken from the record ({len(seeded['duration_by_test'])} judge tests)")
 
 
 def argued(name: str, line: dict, equivalents: dict[str, str]) -> dict:
@@ -366,25 +433,27 @@ def judged_entry(
 
 def table(record: dict) -> str:
     """Per file: mutants, killed by the default battery, killed only by --full, only by a unit
-    test, equivalent (argued), differing on CUDA only (argued), survived."""
-    head = ("file", "mutants", "default battery", "only --full", "only a test", "equivalent",
-            "CUDA only", "survived")  # fmt: skip
+    test, equivalent (argued), differing on CUDA only (argued), survived, and pending (mutants of
+    functions the record has not judged as they were read)."""
+    head = ["file", "mutants", "default battery", "only --full", "only a test", "equivalent"]
+    head += ["CUDA only", "survived", "pending"]
     rows = []
-    for source in sorted(record["files"]):
+    for source in sorted({f.partition("::")[0] for f in record["functions"]}):
         verdicts = [m["verdict"] for m in record["mutants"].values() if m["file"] == source]
         killed = sum(v in KILLED for v in verdicts)
-        rows.append([source, len(verdicts), killed, *(verdicts.count(c) for c in COLUMNS)])
+        waiting = sum(n for f, n in record["pending"].items() if f.startswith(source + "::"))
+        counts = [verdicts.count(c) for c in COLUMNS]
+        rows.append([source, len(verdicts) + waiting, killed, *counts, waiting])
     rows.append(["all", *(sum(r[i] for r in rows) for i in range(1, len(head)))])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    pending = ", ".join(f"{f} ({n})" for f, n in record["pending"].items())
-    return "\n".join(lines) + (f"\nnot judged yet: {pending}" if pending else "")
+    return "\n".join(lines)
 
 
 def score(record: dict) -> dict[str, int]:
     """The README's figures: ``killed`` by the default battery out of ``judged`` (the mutants
-    neither equivalent nor CUDA only), and the counts of ``equivalent``, ``cuda_only``,
-    ``full_only`` and ``test_only`` mutants."""
+    neither equivalent nor CUDA only), the counts of ``equivalent``, ``cuda_only``,
+    ``full_only`` and ``test_only`` mutants, and the ``pending`` mutants and functions."""
     verdicts = [m["verdict"] for m in record["mutants"].values()]
     equivalent, cuda_only = verdicts.count("equivalent"), verdicts.count("cuda_only")
     return {
@@ -394,13 +463,21 @@ def score(record: dict) -> dict[str, int]:
         "cuda_only": cuda_only,
         "full_only": verdicts.count("killed_full"),
         "test_only": verdicts.count("killed_test"),
+        "pending": sum(record["pending"].values()),
+        "pending_functions": len(record["pending"]),
     }
 
 
-# ------------------------------------------------------------------------------ the CI sample
+def pending_now(record: dict) -> list[str]:
+    """The functions (``"file::function"``) whose verdicts the record does not hold as their
+    code is now: changed since it was written, new, or pending in it."""
+    now = function_keys_now()
+    functions = {f for f in now if not f.endswith("::" + keys.MODULE)}
+    return sorted(f for f in functions if not current_in(record, f, now))
+
+
 def generate_mutants() -> None:
-    """mutmut's ``mutants/`` tree without running anything (no stats pass: the record knows
-    which backend kills each sampled mutant)."""
+    """mutmut's ``mutants/`` tree without running anything: every mutant's name, no stats pass."""
     from mutmut.__main__ import (
         copy_also_copy_files,
         copy_src_dir,
@@ -417,67 +494,92 @@ def generate_mutants() -> None:
     create_mutants(2)
 
 
-def load_judge():
-    """``judge.py`` as a module (it is a pytest file, not a package module)."""
-    spec = importlib.util.spec_from_file_location("mutation_judge", HERE / "judge.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def run_sample(size: int, seed: int) -> int:
-    """Rerun ``size`` killed mutants of the record, drawn with ``seed``, on the backend the
-    record says killed each: each must fail there, at the same graph, dtype and check."""
+# ------------------------------------------------------------------------------ the CI sample
+def run_sample(size: int, seed: int, cap_seconds: float) -> int:
+    """Judge ``size`` mutants drawn with ``seed``: first those of functions pending now
+    (:func:`pending_now`), then killed mutants of the record, each on the backend the record
+    says killed it. A recorded kill must fail there again, at the same graph, dtype and check,
+    or the sample fails. A pending mutant is judged by the default battery and printed, killed
+    or not: one that survives is a finding for the next ``make mutations``, not a failure (the
+    record has no verdict on it yet). No mutant starts after ``cap_seconds``."""
+    start = time.monotonic()
     record = json.loads(RECORD.read_text())
-    hashes = file_hashes()
-    if any(hashes[f] != h for f, h in record["files"].items()):
-        print("the record was made from other versions of the mutated files: make mutations")
-        return 1
     generate_mutants()
-    judge_module = load_judge()
+    sync_unmutated()
+    seed_stats(record, [])  # which backend judges a pending mutant: the record's stats say
+    waiting = set(pending_now(record))
+    pending = sorted(n for n in mutmut_results() if function_id(n) in waiting)
     killed = sorted(n for n, m in record["mutants"].items() if m["verdict"] == "killed")
-    disagree = 0
-    for name in random.Random(seed).sample(killed, size):
-        want = record["mutants"][name]["by"]
-        (MUTANTS / "judge_verdicts" / f"{name}.json").unlink(missing_ok=True)
-        judge = want["backend"]
-        for path in judge_module.PATHS:  # the judged backend, without the path the judge forced
-            judge = judge.removesuffix(path)
-        if judge.endswith(judge_module.DOORS):  # another backend's doors, after the home battery
-            judge = judge_module.HOME[module_of(name)]
-        failed = pytest_fails(name, [f"{JUDGE}::test_default_battery[{judge}]"],
-                              MUTATION_JUDGE=judge)  # fmt: skip
-        got = verdict_of(name)
-        same = failed and got is not None and all(got[k] == want[k] for k in WHERE)
-        disagree += not same
-        record_says = {k: want[k] for k in WHERE}
-        found = got and {k: got[k] for k in WHERE}
-        print(f"{'agrees' if same else 'DISAGREES':<10} {name}: record {record_says}, now {found}")
-    print(f"{size - disagree} of {size} sampled mutants agree with the record")
+    killed = [n for n in killed if function_id(n) not in waiting]
+    draw = random.Random(seed)
+    chosen = draw.sample(pending, min(size, len(pending)))
+    chosen += draw.sample(killed, size - len(chosen))
+    print(f"{len(waiting)} functions pending now ({len(pending)} mutants); judging {size}:")
+    disagree, findings, judged = 0, 0, 0
+    for name in chosen:
+        if time.monotonic() - start > cap_seconds:
+            print(f"cap of {cap_seconds:.0f} s reached: {size - judged} sampled mutants not judged")
+            break
+        judged += 1
+        if name in record["mutants"] and function_id(name) not in waiting:
+            disagree += not sample_agrees(name, record["mutants"][name]["by"])
+        else:
+            findings += not sample_pending(name)
+    print(f"{judged} judged: {disagree} disagree with the record, {findings} pending survived")
     return int(disagree > 0)
+
+
+def sample_agrees(name: str, want: dict) -> bool:
+    """Whether a killed mutant of the record fails its judge again at the row it names."""
+    judge_module = load_sibling("judge")
+    (MUTANTS / "judge_verdicts" / f"{name}.json").unlink(missing_ok=True)
+    judge = want["backend"]
+    for path in judge_module.PATHS:  # the judged backend, without the path the judge forced
+        judge = judge.removesuffix(path)
+    if judge.endswith(judge_module.DOORS):  # another backend's doors, after the home battery
+        judge = judge_module.HOME[module_of(name)]
+    test = f"{JUDGE}::test_default_battery[{judge}]"
+    failed = pytest_fails(name, [test], MUTATION_JUDGE=judge)
+    got = verdict_of(name)
+    same = failed and got is not None and all(got[k] == want[k] for k in WHERE)
+    found = got and {k: got[k] for k in WHERE}
+    record_says = {k: want[k] for k in WHERE}
+    print(f"{'agrees' if same else 'DISAGREES':<10} {name}: record {record_says}, now {found}")
+    return same
+
+
+def sample_pending(name: str) -> bool:
+    """Whether the default battery kills a mutant of a pending function (printed either way)."""
+    (MUTANTS / "judge_verdicts" / f"{name}.json").unlink(missing_ok=True)
+    killed = pytest_fails(name, [JUDGE])  # the judge picks its backend from mutmut's stats
+    got = verdict_of(name)
+    where = got and {k: got[k] for k in WHERE}
+    print(
+        f"{'pending, killed' if killed else 'FINDING: pending, survived':<26} {name} {where or ''}"
+    )
+    return killed
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
     parser.add_argument("names", nargs="*", help="mutant globs, e.g. 'fovi_ref.layout.*'")
-    parser.add_argument("--sample", type=int, help="rerun this many killed mutants (CI)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--table", action="store_true", help="print the record's table")
+    parser.add_argument("--sample", type=int, help="judge this many mutants, pending first (CI)")
+    parser.add_argument("--seed", type=int, default=0, help="the sample's seed")
+    parser.add_argument("--cap-seconds", type=float, default=240, help="no sampled mutant after")
+    parser.add_argument("--table", action="store_true", help="the record's table, pending now")
     parser.add_argument("--no-run", action="store_true", help="the record from mutmut's cache")
-    parser.add_argument("--files", nargs="*", help="enter only these files (and the record's)")
     args = parser.parse_args(argv)
-    stray = [f for f in args.files or [] if not f.endswith(".py")]
-    if stray:  # --files takes every argument after it
-        parser.error(f"--files takes .py files; put mutant names before it: {stray}")
     os.chdir(ROOT)  # mutmut reads its mutants/ relative to the working directory
     if args.table:
         record = json.loads(RECORD.read_text())
         print(table(record))
-        print(score(record))
+        print(score(record), "read from", record["sources"])
+        waiting = pending_now(record)
+        print(f"pending now ({len(waiting)} functions changed since): {', '.join(waiting)}")
         return 0
     if args.sample:
-        return run_sample(args.sample, args.seed)
-    run_job(args.names, run=not args.no_run, files=args.files)
+        return run_sample(args.sample, args.seed, args.cap_seconds)
+    run_job(args.names, run=not args.no_run)
     return 0
 
 
