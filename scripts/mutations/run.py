@@ -63,6 +63,7 @@ import time
 import tomllib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from fnmatch import fnmatch
 from importlib.metadata import version
 from pathlib import Path
 
@@ -269,9 +270,11 @@ def run_job(names: list[str], run: bool = True) -> None:
         subprocess.run(command, cwd=ROOT, env=env, check=True)
         results = mutmut_results()
     elif run:
-        print("nothing is pending: every function's verdicts stand")
+        print("nothing is pending: every function's verdicts stand, the record as it is")
+        return
     equivalents = tomllib.loads(EQUIVALENTS.read_text()) if EQUIVALENTS.exists() else {}
-    judged, kept, pending = triage_functions(results, previous, now, set(names) if run else set())
+    rerun = {n for n in results if any(fnmatch(n, name) for name in names)} if run else set()
+    judged, kept, pending = triage_functions(results, previous, now, rerun)
     same_change = by_change(previous["mutants"])
 
     def entry(item: tuple[str, str, int | None]) -> dict:
