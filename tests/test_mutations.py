@@ -241,6 +241,16 @@ def test_a_function_pending_in_the_record_stays_pending_until_judged():
     assert not kept and pending["pkg/a/__init__.py::same"] == 2
 
 
+def test_the_ci_sample_takes_pending_mutants_first_and_replays_by_seed():
+    pending, killed = [f"p{i}" for i in range(3)], [f"k{i}" for i in range(20)]
+    chosen = RUN.choose_sample(pending, killed, 8, seed=5)
+    assert sorted(chosen[:3]) == pending and set(chosen[3:]) <= set(killed) and len(chosen) == 8
+    assert RUN.choose_sample(pending, killed, 8, seed=5) == chosen
+    assert set(RUN.choose_sample([f"p{i}" for i in range(10)], killed, 8, seed=5)) < {
+        f"p{i}" for i in range(10)
+    }
+
+
 def test_a_kept_line_is_argued_by_the_arguments_as_they_are_now():
     """equivalents.toml decides a survivor's verdict each time the record is written: an argument
     added argues it, one removed makes it a survivor again, a CUDA-only one says so."""

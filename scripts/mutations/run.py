@@ -514,9 +514,7 @@ def run_sample(size: int, seed: int, cap_seconds: float) -> int:
     pending = sorted(n for n in mutmut_results() if function_id(n) in waiting)
     killed = sorted(n for n, m in record["mutants"].items() if m["verdict"] == "killed")
     killed = [n for n in killed if function_id(n) not in waiting]
-    draw = random.Random(seed)
-    chosen = draw.sample(pending, min(size, len(pending)))
-    chosen += draw.sample(killed, size - len(chosen))
+    chosen = choose_sample(pending, killed, size, seed)
     print(f"{len(waiting)} functions pending now ({len(pending)} mutants); judging {size}:")
     disagree, findings, judged = 0, 0, 0
     for name in chosen:
@@ -530,6 +528,13 @@ def run_sample(size: int, seed: int, cap_seconds: float) -> int:
             findings += not sample_pending(name)
     print(f"{judged} judged: {disagree} disagree with the record, {findings} pending survived")
     return int(disagree > 0)
+
+
+def choose_sample(pending: list[str], killed: list[str], size: int, seed: int) -> list[str]:
+    """``size`` mutants drawn with ``seed``: pending ones first, the record's killed ones after."""
+    draw = random.Random(seed)
+    chosen = draw.sample(pending, min(size, len(pending)))
+    return chosen + draw.sample(killed, min(size - len(chosen), len(killed)))
 
 
 def sample_agrees(name: str, want: dict) -> bool:
