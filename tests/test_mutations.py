@@ -165,6 +165,27 @@ def test_a_code_change_moves_its_own_functions_key_only():
         assert {f for f in before if after[f] != before[f]} == moved, edited
 
 
+def test_an_import_is_keyed_by_the_functions_that_read_its_names():
+    """One more import for one function leaves the others standing; re-pointing a name pends
+    every function that reads it, and the module code where it reads it."""
+    base = (
+        "from m import a\nfrom m import b\n\ndef f():\n    return a()\n\ndef g():\n    return b()\n"
+    )
+    before = KEYS.function_keys(base)
+    added = KEYS.function_keys(base.replace("from m import b", "from m import b, c"))
+    assert added == before  # no function reads c yet
+    moved = KEYS.function_keys(base.replace("from m import a", "from n import a"))
+    assert {f for f in before if moved[f] != before[f]} == {"f"}
+    aliased = KEYS.function_keys(base.replace("from m import b", "from m import c as b"))
+    assert {f for f in before if aliased[f] != before[f]} == {"g"}
+    used_by_module = base + "X = a\n"
+    moved = KEYS.function_keys(used_by_module.replace("from m import a", "from n import a"))
+    changed = {f for f, k in KEYS.function_keys(used_by_module).items() if moved[f] != k}
+    assert changed == {"f", KEYS.MODULE}
+    future = KEYS.function_keys("from __future__ import annotations\n" + base)
+    assert future[KEYS.MODULE] != before[KEYS.MODULE]  # it changes every function's meaning
+
+
 def test_mutmut_names_map_to_the_functions_keys():
     assert KEYS.function_of("fovi_ref.segment_sum.x_segment_sum__mutmut_3") == "segment_sum"
     method = "fovi_ref.knn_general.xǁGeneralTextbookOpsǁforward__mutmut_12"
