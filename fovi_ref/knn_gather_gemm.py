@@ -12,7 +12,7 @@ weight shared by every node (``weight`` is ``[Cout, Cin]``)::
 
 with ``idx = knn[0]``. ``y_rows`` is ``[B*Nout, Cout]``, the storage of fovi's output layout
 (:mod:`fovi_ref.layout`), so the result needs no unfolding. Gradients (derived in
-notebooks/02_algebraic_reduction.ipynb), with ``G = grad_y`` folded to ``[Cout, B*Nout]``::
+notebooks/03_algebraic_reduction.ipynb), with ``G = grad_y`` folded to ``[Cout, B*Nout]``::
 
     grad_weight = G @ x_rows                           one GEMM over the folded (b, n) axis
     grad_x[b]   = (weight^T @ grad_y[b]) @ S            S[n, i] = 1 if idx[n] = i (real neighbour)
@@ -59,16 +59,16 @@ NAME = "gather_gemm"
 
 # Largest Nout*Nin for which grad_input multiplies by the dense S, per device type; where each
 # value comes from is DENSE_S_BUDGET_SOURCE, and tests/test_notebook_claims.py holds each to it.
-# CPU: 0, the sweep stored in notebook 03 finds the dense path faster beyond the noise band at no
-# size. CUDA: not measured yet; the largest size at which notebook 03's model of an H200 (its
+# CPU: 0, the sweep stored in notebook 04 finds the dense path faster beyond the noise band at no
+# size. CUDA: not measured yet; the largest size at which notebook 04's model of an H200 (its
 # datasheet's bandwidth and GEMM rate, and a kernel-launch cost) has the dense path no slower.
 DENSE_S_BUDGET: dict[str, int] = {"cpu": 0, "cuda": 99856}
 DENSE_S_BUDGET_SOURCE: dict[str, str] = {
-    "cpu": "measured: notebook 03 sweep",
-    "cuda": "derived: notebook 03 model, unmeasured",
+    "cpu": "measured: notebook 04 sweep",
+    "cuda": "derived: notebook 04 model, unmeasured",
 }
 S_MAX_ELEMENTS = 2**20
-"""``S`` is derived (and kept) only for graphs up to this size: the largest size notebook 03
+"""``S`` is derived (and kept) only for graphs up to this size: the largest size notebook 04
 sweeps, so no budget above it could be measured."""
 
 

@@ -21,7 +21,7 @@ from fovi_ref.check.bench import budget
 from fovi_ref.knn_gather_gemm import DENSE_S_BUDGET, DENSE_S_BUDGET_SOURCE
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-BUDGET_NOTEBOOK = NOTEBOOKS / "03_scatter_matrix_budget.ipynb"
+BUDGET_NOTEBOOK = NOTEBOOKS / "04_scatter_matrix_budget.ipynb"
 MAX_WIDTH = 100  # JupyterLab wraps longer printed lines mid-row
 
 
@@ -57,7 +57,7 @@ def test_dense_s_budget_agrees_with_the_stored_sweep():
 
 
 def test_the_cuda_budget_is_the_models_until_a_cuda_sweep_is_stored():
-    """``DENSE_S_BUDGET["cuda"]`` is derived, not measured: it equals the budget notebook 03's
+    """``DENSE_S_BUDGET["cuda"]`` is derived, not measured: it equals the budget notebook 04's
     model predicts for an H200, and says so, until scripts/gpu_check.sh's record of a CUDA sweep
     is stored at ``budget.CUDA_RECORD``; from then on it equals that sweep's budget."""
     if budget.CUDA_RECORD.exists():
@@ -174,7 +174,7 @@ def test_notebooks_are_stored_executed(path):
 @pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)
 def test_no_prose_states_a_run_time(path):
     """How long a notebook takes is printed by its code or stored in notebooks/run_times.txt
-    (make notebooks measures it); prose that types a figure goes stale (notebook 05 said "a couple
+    (make notebooks measures it); prose that types a figure goes stale (notebook 06 said "a couple
     of minutes" beside a printed 30 s and a stored 581 s)."""
     duration = re.compile(
         r"\b(\d+(\.\d+)?|a couple of|a few|several)\s*(s|seconds?|min|minutes?|hours?)\b", re.I
@@ -196,7 +196,7 @@ NAMING = (
     (r"^#+\s*\d+\.|\b[Ss]ections? \d+(?:(?:, | and )\d+)*", "a section's number"),
     (r"^\s*\d+\.\s", "a list item's number"),
     (r"\*\*\d+\.|^\|\s*\d+\.|\b[Ff]indings? \d+(?:(?:, | and )\d+)*", "a finding's number"),
-    (r"\b[Nn]otebooks? \d\d(?:(?:, | and | or )\d\d)*", "a notebook's number"),
+    (r"\b[Nn]otebooks? \d\d(?:(?:, | and | or )\d\d)*|^# \d\d ·", "a notebook's number"),
     (r"\b\d+\.\d+\.\d+\b", "a version"),
     (r"\beq\. \d+(?:\.\d+)?", "an equation cited from a book"),
     (r"\blayer\d\.\d\.(?:conv\d|downsample\.\d)|\bconv\d\b", "a layer's name"),
@@ -288,7 +288,7 @@ def unprinted_figures(notebook: dict, exempt: dict[str, str]) -> list[tuple[int,
 
 
 def topic(path: Path) -> str:
-    return path.stem.split("_", 1)[1]  # 03_scatter_matrix_budget -> scatter_matrix_budget
+    return path.stem.split("_", 1)[1]  # 04_scatter_matrix_budget -> scatter_matrix_budget
 
 
 @pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)
