@@ -240,10 +240,11 @@ def output_texts(cell: dict) -> list[str]:
     return texts
 
 
-def printed_values(notebook: dict) -> set[float]:
-    """Every number the outputs print; a percentage also as a fraction (51% as 0.51)."""
+def printed_values(cells: list[dict]) -> set[float]:
+    """Every number the outputs of ``cells`` print; a percentage also as a fraction (51% as
+    0.51)."""
     values = set()
-    for cell in notebook["cells"]:
+    for cell in cells:
         for text in output_texts(cell):
             for token in PRINTED.findall(text):
                 value = float(token.rstrip("%"))
@@ -269,20 +270,38 @@ def is_printed(token: str, values: set[float]) -> bool:
     return any(math.isclose(round(v, decimals), value, abs_tol=1e-9) for v in values)
 
 
+def sections(cells: list[dict]) -> list[int]:
+    """Each cell's section: 0 before the first ``## `` heading, then 1, 2, ... at each."""
+    numbers, current = [], 0
+    for cell in cells:
+        if cell["cell_type"] == "markdown" and re.search(r"^## ", "".join(cell["source"]), re.M):
+            current += 1
+        numbers.append(current)
+    return numbers
+
+
 def unprinted_figures(notebook: dict, exempt: dict[str, str]) -> list[tuple[int, str]]:
-    """(cell, number) for every number the prose states that no output prints."""
-    values = printed_values(notebook)
+    """(cell, number) for every number the prose states that no output prints. A number in
+    words counts things ("four strategies"), and small counts are printed all over a notebook,
+    so it must be printed in its own section (the opening, before the first section, previews
+    the whole notebook)."""
+    cells = notebook["cells"]
+    values = printed_values(cells)
+    section = sections(cells)
     found = []
-    for i, cell in enumerate(notebook["cells"]):
+    for i, cell in enumerate(cells):
         if cell["cell_type"] != "markdown":
             continue
         prose = HIDDEN.sub(" ", "".join(cell["source"]))
         for pattern, _ in NAMING:
             prose = re.sub(pattern, " ", prose, flags=re.MULTILINE)
+        same = [c for c, s in zip(cells, section, strict=True) if s == section[i]]
+        local = printed_values(same) if section[i] else values
         found += [
             (i, token)
             for token in STATED.findall(prose)
-            if token not in exempt and not is_printed(token, values)
+            if token not in exempt
+            and not is_printed(token, local if token.lower() in NUMBER_WORDS else values)
         ]
     return found
 
@@ -325,6 +344,16 @@ def test_a_planted_figure_fails_the_rule():
     notebook["cells"].append(markdown_cell("It takes 51% of the span, 1.3 times, four rounds."))
     assert unprinted_figures(notebook, {}) == [(2, "1.3"), (2, "four")]
     assert unprinted_figures(notebook, {"1.3": "planted", "four": "planted"}) == []
+
+
+def test_a_count_in_words_must_be_printed_in_its_own_section():
+    """ "Three strategies" in one section is not backed by a 3 another section prints."""
+    counted = markdown_cell("## 1. Strategies\nThree strategies compute the same sums.")
+    notebook = {"cells": [counted, code_cell("4 strategies\n")]}
+    notebook["cells"] += [markdown_cell("## 2. Layers"), code_cell("layers: 3\n")]
+    assert unprinted_figures(notebook, {}) == [(0, "Three")]
+    notebook["cells"][1] = code_cell("3 strategies\n")
+    assert unprinted_figures(notebook, {}) == []
 
 
 # ------------------------------------------------------ targets as the bench defines them
