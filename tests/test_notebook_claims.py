@@ -201,7 +201,10 @@ NAMING = (
     (r"\beq\. \d+(?:\.\d+)?", "an equation cited from a book"),
     (r"\blayer\d\.\d\.(?:conv\d|downsample\.\d)|\bconv\d\b", "a layer's name"),
     (r"\b(?:res|resnet|ResNet-?)18\b", "the network's name"),
-    (r"\b(?:b?float|u?int)\d+\b|\b\d+-bit\b|\bConv2d\b", "a dtype or torch's name"),
+    (
+        r"\b(?:b?float|u?int)\d+\b|\b\d+-bit\b|\b[Ss]ixteen bits\b|\bConv2d\b",
+        "a dtype or torch's name",
+    ),
     (r"\bK = (?:V = )?1\b|\bV = 1\b", "the K = V = 1 case, the route's definition"),
 )
 # Number words from three on are figures too ("four strategies"); "one" and "two" are mostly
@@ -280,11 +283,24 @@ def sections(cells: list[dict]) -> list[int]:
     return numbers
 
 
+NOT_NOUNS = {"of", "the", "a", "an", "on", "in", "to", "its", "their", "real", "more", "such"}
+
+
+def count_is_printed(count: int, rest: str, lines: list[str]) -> bool:
+    """A count in words ("four strategies": ``count`` 4, ``rest`` the prose after the word) is
+    backed by a printed line that holds the count in digits and the word it counts (its first
+    five letters: "strat" matches "strategies" and "strategy")."""
+    words = (re.sub(r"[^a-z0-9]", "", w.lower()) for w in rest.split()[:4])
+    noun = next((w for w in words if w and w not in NOT_NOUNS), "")
+    digits = re.compile(rf"(?<![\w.]){count}(?![\w.])")
+    return any(digits.search(line) and noun[:5] in line.lower() for line in lines)
+
+
 def unprinted_figures(notebook: dict, exempt: dict[str, str]) -> list[tuple[int, str]]:
     """(cell, number) for every number the prose states that no output prints. A number in
-    words counts things ("four strategies"), and small counts are printed all over a notebook,
-    so it must be printed in its own section (the opening, before the first section, previews
-    the whole notebook)."""
+    words counts things ("four strategies"), and small numbers are printed all over a notebook,
+    so it must be printed beside what it counts, in its own section (the opening, before the
+    first section, previews the whole notebook)."""
     cells = notebook["cells"]
     values = printed_values(cells)
     section = sections(cells)
@@ -295,14 +311,20 @@ def unprinted_figures(notebook: dict, exempt: dict[str, str]) -> list[tuple[int,
         prose = HIDDEN.sub(" ", "".join(cell["source"]))
         for pattern, _ in NAMING:
             prose = re.sub(pattern, " ", prose, flags=re.MULTILINE)
-        same = [c for c, s in zip(cells, section, strict=True) if s == section[i]]
-        local = printed_values(same) if section[i] else values
-        found += [
-            (i, token)
-            for token in STATED.findall(prose)
-            if token not in exempt
-            and not is_printed(token, local if token.lower() in NUMBER_WORDS else values)
+        scope = [
+            c for c, s in zip(cells, section, strict=True) if s == section[i] or not section[i]
         ]
+        lines = [line for c in scope for text in output_texts(c) for line in text.splitlines()]
+        for match in STATED.finditer(prose):
+            token = match.group(0)
+            if token in exempt:
+                continue
+            if token.lower() in NUMBER_WORDS:
+                backed = count_is_printed(NUMBER_WORDS[token.lower()], prose[match.end() :], lines)
+            else:
+                backed = is_printed(token, values)
+            if not backed:
+                found.append((i, token))
     return found
 
 
@@ -346,13 +368,14 @@ def test_a_planted_figure_fails_the_rule():
     assert unprinted_figures(notebook, {"1.3": "planted", "four": "planted"}) == []
 
 
-def test_a_count_in_words_must_be_printed_in_its_own_section():
-    """ "Three strategies" in one section is not backed by a 3 another section prints."""
-    counted = markdown_cell("## 1. Strategies\nThree strategies compute the same sums.")
-    notebook = {"cells": [counted, code_cell("4 strategies\n")]}
-    notebook["cells"] += [markdown_cell("## 2. Layers"), code_cell("layers: 3\n")]
+def test_a_count_in_words_must_be_printed_beside_what_it_counts_in_its_section():
+    """A count in words is not backed by a 3 another section prints, nor by a 3 printed
+    beside something else; "strategy count: 3" in its own section backs it."""
+    counted = markdown_cell("## 1. Strategies\nThree of the strategies compute the same sums.")
+    notebook = {"cells": [counted, code_cell("4 strategies\nCin 3\n")]}
+    notebook["cells"] += [markdown_cell("## 2. Layers"), code_cell("strategies: 3\n")]
     assert unprinted_figures(notebook, {}) == [(0, "Three")]
-    notebook["cells"][1] = code_cell("3 strategies\n")
+    notebook["cells"][1] = code_cell("strategy count: 3\n")
     assert unprinted_figures(notebook, {}) == []
 
 
