@@ -12,7 +12,7 @@ weight shared by every node (``weight`` is ``[Cout, Cin]``)::
 
 with ``idx = knn[0]``. ``y_rows`` is ``[B*Nout, Cout]``, the storage of fovi's output layout
 (:mod:`fovi_ref.layout`), so the result needs no unfolding. Gradients (derived in
-notebooks/02_algebraic_reduction.ipynb), with ``G = grad_y`` folded to ``[Cout, B*Nout]``::
+notebooks/03_algebraic_reduction.ipynb), with ``G = grad_y`` folded to ``[Cout, B*Nout]``::
 
     grad_weight = G @ x_rows                           one GEMM over the folded (b, n) axis
     grad_x[b]   = (weight^T @ grad_y[b]) @ S            S[n, i] = 1 if idx[n] = i (real neighbour)
@@ -62,11 +62,11 @@ NAME = "gather_gemm"
 # value comes from is DENSE_S_BUDGET_SOURCE; tests/test_notebook_claims.py holds each to it.
 DENSE_S_BUDGET: dict[str, int] = {"cpu": 0, "cuda": 99856}
 DENSE_S_BUDGET_SOURCE: dict[str, str] = {
-    "cpu": "measured: notebook 03 sweep",
-    "cuda": "derived: notebook 03 model, unmeasured",
+    "cpu": "measured: notebook 04 sweep",
+    "cuda": "derived: notebook 04 model, unmeasured",
 }
 S_MAX_ELEMENTS = 2**20
-"""``S`` is derived (and kept) only for graphs up to this size: the largest size notebook 03
+"""``S`` is derived (and kept) only for graphs up to this size: the largest size notebook 04
 sweeps, so no budget above it could be measured."""
 
 

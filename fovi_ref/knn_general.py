@@ -42,7 +42,7 @@ before ``y`` and the gradients, which are rounded once. *Narrow* (16-bit GEMMs, 
 float32): ``z`` and ``grad_z`` are each stored once in 16 bits first
 (:func:`fovi_ref.precision.store_operand`). The unbinning sums in float32 either way.
 
-Notebook ``06_general_backend.ipynb`` derives these steps and checks them numerically.
+Notebook ``02_general_backend.ipynb`` derives these steps and checks them numerically.
 """
 
 from __future__ import annotations

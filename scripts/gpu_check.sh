@@ -11,16 +11,16 @@
 # folder of its own, without a registry.
 #
 # Steps, most valuable first (a later one is skipped once the budget is spent): the CUDA tests
-# (pytest -k cuda); notebook 03's dense-S sweep, whose record replaces the CUDA model of
+# (pytest -k cuda); notebook 04's dense-S sweep, whose record replaces the CUDA model of
 # DENSE_S_BUDGET; `check` of every built-in backend; `verify`; `verify --fovi` (fovi's backends
 # whose dependencies are there: its cuda backend needs CuPy, which the image has; warp_train and
 # the other warp_* backends need warp-lang, which it lacks); the bench in float32, bfloat16 and
-# float16; notebook 04's profiler traces; the mutation record's CUDA-only mutants, where their
+# float16; notebook 05's profiler traces; the mutation record's CUDA-only mutants, where their
 # export was carried. Each step runs with a time cap; one that fails or is cut off is marked
 # FAILED in the summary and the next runs.
 #
 # What comes back is at most four files in OUT: summary.txt (each step's status, time and last
-# lines), dense_s_sweep_<device>.json (notebook 03's record: to adopt a CUDA one, copy it to
+# lines), dense_s_sweep_<device>.json (notebook 04's record: to adopt a CUDA one, copy it to
 # fovi_ref/check/bench/dense_s_sweep_cuda.json and set DENSE_S_BUDGET["cuda"] to what
 # tests/test_notebook_claims.py then asks for; the sweep weighs time alone, and a smaller budget
 # sends more graphs to CUDA's index_add_, whose atomics add in no fixed order, where the dense S
@@ -92,15 +92,15 @@ EOF
 tee -a "$summary" <"$run_dir/environment.txt"
 
 step tests 200 "$PY" -m pytest -q -o addopts="-p no:cacheprovider" tests -k cuda -rs
-step notebook_03 90 "$PY" scripts/run_notebook.py notebooks/03_scatter_matrix_budget.ipynb \
-  "$run_dir/notebooks/03_scatter_matrix_budget.ipynb"
+step notebook_04 90 "$PY" scripts/run_notebook.py notebooks/04_scatter_matrix_budget.ipynb \
+  "$run_dir/notebooks/04_scatter_matrix_budget.ipynb"
 step dense_s_record 20 "$PY" -c "import json, sys
 from fovi_ref.check.bench import budget
 record = budget.notebook_record(sys.argv[1])
 sweep, _ = budget.from_record(record)
 print(record['device'], 'sweep: derived budget', budget.derive_budget(sweep, budget.noise_band(sweep)))
 open(sys.argv[2], 'w').write(json.dumps(record, indent=1) + '\n')" \
-  "$run_dir/notebooks/03_scatter_matrix_budget.ipynb" "$out/dense_s_sweep_$device.json"
+  "$run_dir/notebooks/04_scatter_matrix_budget.ipynb" "$out/dense_s_sweep_$device.json"
 # einsum_baseline (fovi's path) fails two checks by design (fovi_ref/check/tolerances.py,
 # "Non-finite values"): nonfinite, where an inf in x meets the zeros of its one-hot einsum, and
 # rounding, where a float16 cell past 65504 is stored as inf; and on CUDA a third, determinism:
@@ -124,8 +124,8 @@ for dtype in float32 bfloat16 float16; do
   step "bench_$dtype" 60 "$PY" -m fovi_ref --out "$run_dir/bench_$dtype" bench \
     --device "$device" --dtypes "$dtype" "${bench_size[@]}"
 done
-step notebook_04 90 "$PY" scripts/run_notebook.py notebooks/04_profiler_traces.ipynb \
-  "$run_dir/notebooks/04_profiler_traces.ipynb"
+step notebook_05 90 "$PY" scripts/run_notebook.py notebooks/05_profiler_traces.ipynb \
+  "$run_dir/notebooks/05_profiler_traces.ipynb"
 [[ -d notebooks/traces ]] && cp -r notebooks/traces "$run_dir/traces"
 # The mutation record's CUDA-only mutants, where their export was carried (`make cuda-mutants`
 # writes it here from mutants/; scripts/mutations/on_cuda.py): each judged in its own copy. Not

@@ -1,11 +1,11 @@
 """Execute a notebook in this process with IPython alone, and save it with its outputs.
 
-    python3 scripts/run_notebook.py notebooks/03_scatter_matrix_budget.ipynb OUT.ipynb
+    python3 scripts/run_notebook.py notebooks/04_scatter_matrix_budget.ipynb OUT.ipynb
 
 What ``jupyter nbconvert --execute`` does, without a Jupyter kernel, ZeroMQ or nbconvert: the
 lent GPU machine has none of them and no package registry, and IPython is a few small wheels to
 carry (``make gpu-wheels``). The code cells run top to bottom in one IPython shell, in the
-notebook's folder (as a kernel would: notebook 04 writes its traces beside itself); each cell's
+notebook's folder (as a kernel would: notebook 05 writes its traces beside itself); each cell's
 stdout, stderr and rich outputs (figures, ``display``'s JSON records) are stored as its outputs.
 It stops at the first cell that raises, saves what ran, and exits 1.
 """

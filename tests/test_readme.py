@@ -56,7 +56,7 @@ def test_quick_start_gives_two_commands_main_job_then_tests():
 
 
 def test_quick_start_command_2_installs_what_ci_installs():
-    """The tests need fovi 2.4.0 (tests/test_fovi_upstream.py, notebook 05): command 2 installs
+    """The tests need fovi 2.4.0 (tests/test_fovi_upstream.py, notebook 06): command 2 installs
     it as .ci/run does, without dependency resolution, after fovi_ref with its dev tools and its
     onnx extra (tests/test_onnx.py)."""
     (block,) = code_blocks("bash", section("Quick start"))

@@ -282,7 +282,7 @@ def test_the_choice_on_res18():
 
 
 def test_each_choice_says_what_decided_it():
-    """``Choice.why`` (notebook 06 prints it for every layer) names the quantity the choice
+    """``Choice.why`` (notebook 02 prints it for every layer) names the quantity the choice
     compared and the constant it compared it with, each with its value."""
     meta, data, choice = _choice("layer3.0.conv2", 16)
     est = occupied_cells.estimate(meta, occupied_cells.pair_count(data), 16)

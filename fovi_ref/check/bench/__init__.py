@@ -12,7 +12,7 @@
   constants, each timed on both sides and held to a stored record),
   :mod:`~fovi_ref.check.bench.gemm_dtypes` (``bench --gemm-dtypes``: 16-bit GEMMs against
   float32 ones, the record ``fovi_ref.precision.GEMM_DTYPES`` is held to), and
-  :mod:`~fovi_ref.check.bench.budget` (the dense-``S`` budget of notebook 03).
+  :mod:`~fovi_ref.check.bench.budget` (the dense-``S`` budget of notebook 04).
 
 The measuring tools are re-exported here: ``from fovi_ref.check import bench``.
 

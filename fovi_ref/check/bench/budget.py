@@ -3,8 +3,8 @@
 ``grad_input`` of the K = V = 1 backend reaches ``grad_x`` by one of two paths with the same
 result (:mod:`fovi_ref.knn_gather_gemm`): a GEMM with the dense one-hot scatter matrix ``S
 [Nout, Nin]`` ("dense"), or a zero-fill and ``index_add_`` ("index"). ``DENSE_S_BUDGET[device]``
-picks the dense path for graphs with ``Nout*Nin <= budget``. Notebook 03
-(notebooks/03_scatter_matrix_budget.ipynb) times both paths with :func:`fastest_times` over
+picks the dense path for graphs with ``Nout*Nin <= budget``. Notebook 04
+(notebooks/04_scatter_matrix_budget.ipynb) times both paths with :func:`fastest_times` over
 graphs of growing ``Nout*Nin``, and times the index path a second time: the two index timings run
 the same code, so their ratio (an *A/A* ratio) shows how far the machine's noise alone moves a
 ratio. This module turns such a sweep into a budget:
@@ -21,7 +21,7 @@ ratio. This module turns such a sweep into a budget:
 4. **Agreement** (:func:`disagreements`): a budget agrees with a sweep when it sends every size
    with a ``"dense"`` verdict to the dense path and every ``"index"`` size to the index path; a
    tie may go either way. ``tests/test_notebook_claims.py`` holds ``DENSE_S_BUDGET["cpu"]`` to
-   the sweep stored in notebook 03.
+   the sweep stored in notebook 04.
 
 **Derived until measured** (:func:`model_budget`). No GPU has run the sweep yet, so the CUDA
 budget comes from a model of the two paths, evaluated at the sweep's sizes and shape
@@ -38,7 +38,7 @@ with memory traffic)::
 which the dense path's time is at most the index path's, as :func:`derive_budget` would read a
 measurement that agreed with the model. The ceilings are a datasheet's (:data:`H200`), not a
 measurement: a stored CUDA sweep (:data:`CUDA_RECORD`, written by ``scripts/gpu_check.sh`` from
-notebook 03 executed on a GPU) replaces the model, and ``tests/test_notebook_claims.py`` holds
+notebook 04 executed on a GPU) replaces the model, and ``tests/test_notebook_claims.py`` holds
 ``DENSE_S_BUDGET["cuda"]`` to the model while no such record exists, and to the record once it
 does.
 """
@@ -161,7 +161,7 @@ def model_budget(device: Roofline = H200, dtype: torch.dtype = torch.float32) ->
 
 def notebook_record(path: Path, kind: str = "fovi_ref dense-S sweep") -> dict:
     """The ``application/json`` output whose ``kind`` is ``kind`` in a stored (executed)
-    notebook: how the sweep of notebook 03 leaves it."""
+    notebook: how the sweep of notebook 04 leaves it."""
     for cell in json.loads(Path(path).read_text())["cells"]:
         for output in cell.get("outputs", []):
             data = output.get("data", {}).get("application/json")

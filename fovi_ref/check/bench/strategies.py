@@ -6,7 +6,7 @@ path runs where a quantity passes the constant" (the table), except ``BLOCK_ROWS
 each rule this job times the path forced *on* and forced *off* on cases whose quantity lies on
 both sides of the constant, and the *off* contender a second time in the same rounds: the two
 *off* timings run the same code, so their ratio (an A/A ratio) shows how far the machine's noise
-alone moves a ratio, as notebook 03 does for ``DENSE_S_BUDGET``
+alone moves a ratio, as notebook 04 does for ``DENSE_S_BUDGET``
 (:mod:`~fovi_ref.check.bench.budget`, whose noise band and verdicts are used here). Per case:
 
 - *verdict*: ``on`` when on / off is below ``1 / (1 + band)``, ``off`` when it is above

@@ -93,7 +93,7 @@ fovi_ref's route. A FAIL is a finding about fovi: under the table each group of 
 which side is wrong and why, diagnosed from the relaxed rule the value passes. After the table it
 reports how fovi's graphs depend on the machine (below). ``python -m fovi_ref verify --help``
 gives its exit codes. ``bench --fovi`` times fovi's dispatcher choice and each training backend
-beside fovi_ref's routed backend on every layer. ``notebooks/05_verifying_fovi.ipynb`` walks
+beside fovi_ref's routed backend on every layer. ``notebooks/06_verifying_fovi.ipynb`` walks
 through all of it and asserts each finding.
 
 Checking your own fovi model
@@ -148,10 +148,10 @@ element: a test builds fovi's model and compares), and three tools make that hon
   05): fovi's model built in fresh interpreters under two settings with the same weights; the
   flipped nodes (all ties), and the float64 logits and SGD losses of the two networks.
 
-The tie count ``verify --fovi`` and notebook 05 print ("N nodes of KNNResNet-18 are ties here")
+The tie count ``verify --fovi`` and notebook 06 print ("N nodes of KNNResNet-18 are ties here")
 is this machine's certificate over every KNN graph of fovi's model: the 20 convolutions *and*
 fovi's two pools (the 3x3 max-pool after the stem and the global average pool, both KNN graphs in
-fovi); notebook 05's table gives it per layer, pools included. A ``KNNConv`` keeps its graph as
+fovi); notebook 06's table gives it per layer, pools included. A ``KNNConv`` keeps its graph as
 buffers in its ``state_dict``, so a fovi_ref checkpoint carries the graph it was trained on.
 """
 

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +93,7 @@ class MachineRun:
             convolutions and the two KNN pooling layers (``maxpool``, ``avgpool``: no cells,
             ``rf_index`` all zero).
         logits: ``[2, 10]`` float64, eval mode, a fixed input.
-        losses: the loss of each of 3 SGD steps (lr 0.01, batch 2, fixed batches).
+        losses: the loss of each SGD step (3 unless told; lr 0.01, batch 2, fixed batches).
     """
 
     setting: str
@@ -101,12 +102,13 @@ class MachineRun:
     losses: list[float]
 
 
-def run_under(setting: str) -> MachineRun:
-    """Build and run fovi's model in a fresh interpreter under one arithmetic setting."""
+def run_under(setting: str, steps: int = _STEPS) -> MachineRun:
+    """Build and run fovi's model in a fresh interpreter under one arithmetic setting, then take
+    ``steps`` SGD steps."""
     env = {**os.environ, **ARITHMETIC_SETTINGS[setting]}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.pt"
-        code = _PROBE.replace("STEPS", str(_STEPS))
+        code = _PROBE.replace("STEPS", str(steps))
         done = subprocess.run(
             [sys.executable, "-c", code, str(out)], env=env, capture_output=True, text=True
         )
@@ -171,7 +173,7 @@ class MachineFinding:
             f"differ, {self.flips_outside_ties} of them not ties.",
             f"Same weights and input, float64: the logits differ by {self.output_difference:.1e} "
             "of their scale;",
-            f"SGD losses after {_STEPS} steps: {a.losses[-1]:.4f} vs {b.losses[-1]:.4f}.",
+            f"SGD loss after {len(a.losses)} step(s): {a.losses[-1]:.4f} vs {b.losses[-1]:.4f}.",
             "fovi_ref: KNNConv keeps its graph in its state_dict, and",
             "resnet18_layers(arithmetic='exact') builds the same graph on every machine.",
             f"reproducer (torch and fovi only): {FINDINGS_DIR}/graphs_depend_on_machine.py",
@@ -179,8 +181,11 @@ class MachineFinding:
         return "\n".join(lines)
 
 
-def machine_finding(a: str = "as is", b: str = "MKL SSE4.2") -> MachineFinding:
-    """Compare fovi's model built under arithmetic settings ``a`` and ``b`` (two subprocesses).
+def machine_finding(
+    a: str = "as is", b: str = "MKL SSE4.2", *, steps: int = _STEPS
+) -> MachineFinding:
+    """Compare fovi's model built under arithmetic settings ``a`` and ``b`` (two subprocesses,
+    run at once), each taking ``steps`` SGD steps after its forward pass.
 
     Raises ``KeyError`` for a setting not in :data:`ARITHMETIC_SETTINGS`; needs fovi 2.4.0.
     """
@@ -188,8 +193,12 @@ def machine_finding(a: str = "as is", b: str = "MKL SSE4.2") -> MachineFinding:
         if name not in ARITHMETIC_SETTINGS:
             raise KeyError(f"unknown setting {name!r}; known: {', '.join(ARITHMETIC_SETTINGS)}")
     require_fovi()  # raises FoviUnavailable naming the install command
-    run_a, run_b = run_under(a), run_under(b)
-    certificates = {n: tie_certificate(g) for n, g in _knn_graphs().items()}
+    # The two interpreters are independent: they run side by side, and this one computes the
+    # certificates meanwhile (each waits mostly on its own build, not on the other's).
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = [pool.submit(run_under, setting, steps) for setting in (a, b)]
+        certificates = {n: tie_certificate(g) for n, g in _knn_graphs().items()}
+        run_a, run_b = (run.result() for run in runs)
     flips, outside = {}, 0
     for name, certificate in certificates.items():
         (knn_a, rf_a), (knn_b, rf_b) = run_a.graphs[name], run_b.graphs[name]

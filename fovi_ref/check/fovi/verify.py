@@ -203,14 +203,25 @@ def verify_fovi(
     return checks
 
 
+OVERFLOW_NEIGHBOUR, OVERFLOW_WEIGHT = 40000.0, 0.01
+"""The float16 overflow finding's inputs: each of two neighbours in one cell, and the weight."""
+
+
 @dataclass(frozen=True)
 class OverflowFinding:
     """float16 ``y`` where the cell sum overflows but the answer does not: two neighbours of
-    40000 in one cell, weight 0.01 (exact ``y`` 800). ``results``: fovi backend (and fovi_ref's
-    ``general``) -> ``y``."""
+    ``neighbour`` in one cell, weight ``weight`` (exact ``y`` about 800, the cell sum past
+    float16's largest finite value). ``results``: fovi backend (and fovi_ref's ``general``) ->
+    ``y``."""
 
     exact: float
     results: dict[str, float]
+    neighbour: float = OVERFLOW_NEIGHBOUR
+    weight: float = OVERFLOW_WEIGHT
+
+    @property
+    def cell_sum(self) -> float:
+        return 2 * self.neighbour
 
     @property
     def overflowing(self) -> list[str]:
@@ -219,11 +230,12 @@ class OverflowFinding:
 
     def summary(self) -> str:
         got = ", ".join(f"{name} {y:g}" for name, y in self.results.items())
-        lines = [f"float16 overflow: two neighbours of 40000 in one cell, weight 0.01, exact "
-                 f"y = {self.exact:g}", f"  y: {got}"]  # fmt: skip
+        lines = [f"float16 overflow: two neighbours of {self.neighbour:g} in one cell, weight "
+                 f"{self.weight:g}, exact y = {self.exact:g}", f"  y: {got}"]  # fmt: skip
         if self.overflowing:
-            lines.append(f"  fovi: {', '.join(self.overflowing)} store the cell sum (80000) in "
-                         "float16 before the GEMM:\n  inf where the answer is finite")  # fmt: skip
+            lines.append(f"  fovi: {', '.join(self.overflowing)} store the cell sum "
+                         f"({self.cell_sum:g}) in float16 before the GEMM:\n  inf where the "
+                         "answer is finite")  # fmt: skip
             lines.append(f"  reproducer: {FINDINGS_DIR}/f16_cell_sum_overflow.py")
         return "\n".join(lines)
 
@@ -233,9 +245,9 @@ def overflow_finding(device: str | torch.device = "cpu") -> OverflowFinding:
     :class:`OverflowFinding`, beside fovi_ref's ``general`` (float32 accumulation)."""
     meta = KNNMeta.from_knn(torch.tensor([[0], [1]]), torch.tensor([[0, 0]]), n_in=2,
                             in_channels=1, v=1).to(device)  # fmt: skip
-    x = torch.full((1, 1, 2), 40000.0, dtype=torch.float16, device=device)  # [B, Cin, Nin]
-    w = torch.full((1, 1), 0.01, dtype=torch.float16, device=device)  # [Cout, Cin*V]
-    exact = 2 * 40000.0 * float(w.double())
+    x = torch.full((1, 1, 2), OVERFLOW_NEIGHBOUR, dtype=torch.float16, device=device)  # [B,Cin,Nin]
+    w = torch.full((1, 1), OVERFLOW_WEIGHT, dtype=torch.float16, device=device)  # [Cout, Cin*V]
+    exact = 2 * OVERFLOW_NEIGHBOUR * float(w.double())  # the two neighbours' y, in float64
     results = {}
     for name in fovi_backends(device) + fovi_backends(device, training=False):
         if backend_accepts(name, meta, torch.float16):
