@@ -141,8 +141,6 @@ def stored_product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torc
     a, b = a.to(target), b.to(target)
     if target != torch.float16:
         return a @ b
-    if a.is_cuda:
-        total = torch.mm(a, b, out_dtype=torch.float32)  # [M, N] the 16-bit GEMM's float32 sum
-    else:
-        total = a.float() @ b.float()  # [M, N] the same products, summed in float32
-    return store_operand(total, dtype)
+    if a.is_cuda:  # [M, N] the 16-bit GEMM's float32 sum
+        return store_operand(torch.mm(a, b, out_dtype=torch.float32), dtype)
+    return store_operand(a.float() @ b.float(), dtype)  # the same products, summed in float32

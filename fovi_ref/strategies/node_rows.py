@@ -121,7 +121,8 @@ def grad_input(
     meta: KNNMeta, data: Derived, grad_y: torch.Tensor, weight: torch.Tensor
 ) -> torch.Tensor:
     """``grad_y [B, Cout, Nout] -> grad_x [B, Cin, Nin]``: ``grad_z = grad_y_rows @ weight`` (rows
-    ``(b, n)``, stored as :func:`fovi_ref.precision.stored_product` stores it), permuted to node rows ``[V*Nout, B*Cin]``, summed back with ``node_unbin``."""
+    ``(b, n)``, stored as :func:`fovi_ref.precision.stored_product` stores it), permuted to node
+    rows ``[V*Nout, B*Cin]``, summed back with ``node_unbin``."""
     batch = grad_y.shape[0]
     grad_z = stored_product(_grad_y_rows(grad_y), weight, grad_y.dtype)  # [B*Nout, Cin*V]
     grad_z_nodes = grad_z.new_empty(meta.v, meta.n_out, batch, meta.in_channels)
