@@ -54,7 +54,7 @@ class RoundsPerReader(GeneralTextbookOps):
     def grad_input(meta, grad_y, weight):
         batch = grad_y.shape[0]
         grad_z = weight.t().float() @ grad_y_columns(grad_y).float()  # [Cin*V, Nout*B]
-        grad_z_rows = grad_z.view(-1, batch)  # [Cin*V*Nout, B], rows (c, v, n)
+        grad_z_rows = grad_z.view(meta.in_channels * meta.v * meta.n_out, batch)  # rows (c, v, n)
         z_row, x_row = bin_entries(meta)  # [Cin*E] each: which grad_z row reaches which x row
         order = torch.argsort(x_row, stable=True)
         z_row, x_row = z_row[order], x_row[order]  # grouped by input row (c, i)
