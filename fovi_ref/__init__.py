@@ -72,19 +72,31 @@ threads differ in the last bits of float32 and float64 sums, ``gather_gemm`` inc
 eager and compiled code alike; the backward may run outside the block.
 
 **float16 and bfloat16** sums are accumulated in float32, and the GEMMs run in the dtype
-:func:`fovi_ref.precision.gemm_dtype` names for the device: *wide* (float32 GEMMs; ``y`` and
-every gradient rounded once, at the end) where the hardware has no fast 16-bit GEMM, *narrow*
-(16-bit GEMMs accumulating in float32) where it has one (tensor cores, AVX512-BF16, AMX). Narrow
-stores each binned cell and ``grad_z = W^T grad_y`` once in 16 bits, as fovi's einsum stores its
-cells; nothing else is rounded before the result. The table is data, held to a measurement
-(``python -m fovi_ref bench --gemm-dtypes``), and the rule that judges both paths is
-:mod:`fovi_ref.check.tolerances`. A float16 cell sum past 65504 stays finite on both paths (a
-narrow call keeps such cells in float32) where ``einsum_baseline`` (storing cell sums in float16
-as fovi 2.4.0 does) gives inf; ``verify --fovi`` reports it as a finding about fovi. One level
-up, ``general`` and ``einsum_baseline`` add a cell's inputs before the weight applies, so where
-that sum passes the largest value of the accumulation dtype ``y`` is inf or nan although
-``F.linear`` would stay finite: the result is then non-finite, never a wrong finite number
-(``tests/test_adversarial.py``); ``gather_gemm`` is exempt.
+:func:`fovi_ref.precision.gemm_dtype` names for the device: *wide* (float32 GEMMs; ``y`` and every
+gradient rounded once, at the end) where the hardware has no fast 16-bit GEMM, *narrow* (16-bit
+GEMMs accumulating in float32) where it has one (tensor cores, AVX512-BF16, AMX). Narrow stores each
+binned cell and ``grad_z = W^T grad_y`` once in 16 bits, as fovi's einsum stores its cells, where
+every value fits; nothing else is rounded before the result. The table is data, held to a
+measurement (``python -m fovi_ref bench --gemm-dtypes``), and the rule that judges both paths is
+:mod:`fovi_ref.check.tolerances`. A float16 cell sum past 65504 stays finite on both paths (a narrow
+call keeps such cells in float32) where ``einsum_baseline`` (storing cell sums in float16 as fovi
+2.4.0 does) gives inf; ``verify --fovi`` reports it as a finding about fovi. Likewise a float16
+``grad_z`` past 65504 (a gradient scaler's upstream gradients make one) stays float32 on a narrow
+call, never inf, where ``einsum_baseline`` gives nan when two such values cancel (check
+``rounding``). One level up, ``general`` and ``einsum_baseline`` add a cell's inputs before the
+weight applies, so where that sum passes the largest value of the accumulation dtype ``y`` is inf or
+nan although ``F.linear`` would stay finite: the result is then non-finite, never a wrong finite
+number (``tests/test_adversarial.py``); ``gather_gemm`` is exempt.
+
+**Non-finite values.** An inf or nan in ``x`` or in the weight reaches the elements the float64
+oracle says, with one allowance: a non-finite ``weight[o, j]`` may make every ``y[:, o, :]``
+non-finite, also at nodes that never fill cell ``j`` (the oracle leaves those finite). The
+operator is one GEMM over all ``Cin*V`` weight columns, and an empty cell enters it as a zero
+(``0 * inf`` is nan), as in fovi's ``F.linear``; keeping those nodes finite would mean masking
+every GEMM. The gradients of ``general`` and ``gather_gemm`` follow the oracle exactly
+(``einsum_baseline``'s one-hot einsum, fovi's, meets the zeros in ``grad_x`` as well).
+Non-finite upstream gradients are not promised (the GEMMs meet the same zeros). ``check_ops``'
+``nonfinite`` check judges this.
 
 **State.** A ``KNNConv`` keeps its graph (``knn``, ``rf_index``) as persistent buffers and what
 its backend derives as non-persistent buffers, so ``.to()``, ``copy.deepcopy``, ``pickle``,

@@ -34,7 +34,7 @@ for every graph small enough for any device's budget.
 **16 bits.** The GEMMs run in :func:`fovi_ref.precision.gemm_dtype`. Gathering copies values
 exactly, so *wide* (float32 GEMMs) rounds ``y`` and every gradient once, at the end, and *narrow*
 (16-bit GEMMs, accumulating in float32) stores one intermediate, ``weight^T @ grad_y``, before
-the scatter sums it.
+the scatter sums it, where every value fits (:func:`fovi_ref.precision.stored_product`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import torch
 
 from fovi_ref.layout import linear_rows, y_from_rows
 from fovi_ref.meta import Derived, KNNMeta
-from fovi_ref.precision import gemm_dtype
+from fovi_ref.precision import gemm_dtype, stored_product
 from fovi_ref.segment_sum import accumulation_dtype
 
 __all__ = [
@@ -166,10 +166,10 @@ class GatherGemmOps:
         data = meta.derived(NAME, derive)
         batch = grad_y.shape[0]
         c_in = weight.shape[1]
-        acc = gemm_dtype(grad_y.device, grad_y.dtype)
         # d[b] = W^T @ grad_y[b] as ONE GEMM over the (b, n) rows, whose result rows are whole
-        # runs of Cin values (the scatter below moves them as such).
-        d_rows = _grad_y_columns(grad_y).t().to(acc) @ weight.to(acc)  # [B*Nout, Cin]
+        # runs of Cin values (the scatter below moves them as such); stored as grad_z is.
+        d_rows = stored_product(_grad_y_columns(grad_y).t(), weight, grad_y.dtype)  # [B*Nout, Cin]
+        acc = d_rows.dtype  # the GEMM's, or float32 where a float16 value passed 65504
         d_rows = d_rows.view(batch, meta.n_out, c_in)
         if data["padding"].numel():
             d_rows.index_fill_(1, data["padding"], 0)  # padding receives nothing

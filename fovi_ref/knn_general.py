@@ -39,8 +39,9 @@ transposing copy brings ``x`` in and one takes ``grad_x`` out.
 (:func:`fovi_ref.segment_sum.accumulation_dtype`); the GEMMs run in
 :func:`fovi_ref.precision.gemm_dtype`. *Wide* (float32 GEMMs): nothing is stored in 16 bits
 before ``y`` and the gradients, which are rounded once. *Narrow* (16-bit GEMMs, accumulating in
-float32): ``z`` and ``grad_z`` are each stored once in 16 bits first
-(:func:`fovi_ref.precision.store_operand`). The unbinning sums in float32 either way.
+float32): ``z`` and ``grad_z`` are each stored once in 16 bits first, where every value fits
+(:func:`fovi_ref.precision.store_operand`; a float16 value past 65504 keeps its operand in
+float32). The unbinning sums in float32 either way.
 
 Notebook ``02_general_backend.ipynb`` derives these steps and checks them numerically.
 """
@@ -51,7 +52,7 @@ import torch
 
 from fovi_ref.layout import fovi_layout_empty, linear_rows
 from fovi_ref.meta import Derived, KNNMeta
-from fovi_ref.precision import gemm_dtype, store_operand
+from fovi_ref.precision import store_operand, stored_product
 from fovi_ref.segment_sum import (
     SegmentSumPlan,
     accumulation_dtype,
@@ -174,9 +175,9 @@ def grad_input(
     meta: KNNMeta, data: Derived, grad_y: torch.Tensor, weight: torch.Tensor
 ) -> torch.Tensor:
     """``grad_y [B, Cout, Nout] -> grad_x [B, Cin, Nin]``: ``grad_z = weight^T @ grad_y`` (in the
-    GEMM's dtype), then :func:`unbin`."""
-    acc = gemm_dtype(grad_y.device, grad_y.dtype)
-    grad_z = weight.t().to(acc) @ grad_y_columns(grad_y).to(acc)  # [Cin*V, Nout*B]
+    GEMM's dtype, stored as :func:`fovi_ref.precision.stored_product` stores it), then
+    :func:`unbin`."""
+    grad_z = stored_product(weight.t(), grad_y_columns(grad_y), grad_y.dtype)  # [Cin*V, Nout*B]
     return unbin(meta, data, grad_z, grad_y.shape[0], grad_y.dtype)
 
 

@@ -9,10 +9,13 @@ are exact and their sum is accumulated in float32:
 - **narrow**: a 16-bit GEMM, which accumulates in float32 and rounds its result once. The binned
   cells are summed in float32 and *stored once* in 16 bits before the GEMM reads them (fovi's
   einsum stores them too), and so is ``grad_z = weight^T grad_y`` before it is summed back onto
-  the inputs. These two stores are the only roundings besides the result's, and the tolerance
-  rule allows exactly them (``fovi_ref.check.tolerances``, step 2 (c)).
+  the inputs (:func:`stored_product`). Each store is one rounding, at most ``u`` times the stored
+  value, because a value is stored in 16 bits only where it fits (below). These two stores are
+  the only roundings besides the result's, and the tolerance rule allows them
+  (``fovi_ref.check.tolerances``, step 2 (c)); a store past the dtype's range, which is no
+  bounded rounding, it does not.
 
-Narrow costs one rounding of the stored cells, at most ``u |z|`` each (``u = 2^-8`` in bfloat16),
+Narrow costs one rounding of each stored value ``s``, at most ``u |s|`` (``u = 2^-8`` in bfloat16),
 and buys the 16-bit GEMM, where the hardware has one: tensor cores on a GPU, AVX512-BF16 or AMX on
 a CPU. Where it has none, a 16-bit GEMM is emulated and far slower than a float32 one, and wide is
 both faster and more accurate. So the choice is a fact about the hardware, kept as data:
@@ -28,10 +31,17 @@ accumulate in float32 and return 16 bits, and none returns its float32 accumulat
 product is rounded once as it is returned, and a narrow path must not add such products up
 further: :mod:`fovi_ref.strategies.occupied_cells` runs wide for that reason.
 
-**float16 cells past 65504.** A cell sum that float16 cannot hold would be stored as inf, making
-``y`` inf where the exact answer is finite (a small weight can bring it back into range). A narrow
-float16 call whose binned cells exceed the largest float16 therefore keeps them in float32 and runs
-that call's forward GEMM wide (:func:`store_operand`). bfloat16 has float32's range: no such case.
+**float16 values past 65504.** A cell sum that float16 cannot hold would be stored as inf, making
+``y`` inf where the exact answer is finite (a small weight can bring it back into range); a
+``grad_z`` past 65504 (upstream gradients under a gradient scaler, which starts at ``2^16``) would
+be inf, and two readers of one input carrying it with opposite signs would give
+``inf - inf = nan`` where the exact ``grad_x`` is small. So a narrow float16 call stores either
+operand in 16 bits only where every value fits, and otherwise keeps that operand in float32 and
+runs that one GEMM (or unbinning) wide (:func:`store_operand`, the one guard). Its price, paid by
+narrow float16 calls only: for ``grad_z`` the GEMM writes its float32 sum (twice the 16-bit
+bytes, beside the 16-bit copy), and the guard reads it once more for its largest magnitude (on a
+GPU the host waits for that); for the cells, which are summed in float32 anyway, only that read.
+bfloat16 has float32's range: no such case.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ __all__ = [
     "gemm_dtype",
     "platform",
     "store_operand",
+    "stored_product",
 ]
 
 SIXTEEN_BIT = (torch.float16, torch.bfloat16)
@@ -104,14 +115,32 @@ def gemm_dtype(device: torch.device | str, dtype: torch.dtype) -> torch.dtype:
 
 
 def store_operand(z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The binned cells ``z`` (summed in float32 for 16-bit inputs) as a GEMM of a ``dtype`` call
-    reads them: stored once in :func:`gemm_dtype`, or kept as they are where that is their dtype
-    or where float16 could not hold them (the module docstring). The check reads every cell (on a
-    GPU it waits for them); only a narrow float16 call pays it."""
+    """A float32 sum of a 16-bit call (the binned cells ``z``, or ``grad_z``) as the next step of a
+    ``dtype`` call reads it: stored once in :func:`gemm_dtype`, or kept as it is where that is its
+    dtype or where float16 could not hold it (the module docstring). The check reads every value
+    (on a GPU it waits for them); only a narrow float16 call pays it."""
     target = gemm_dtype(z.device, dtype)
     if target == z.dtype:
         return z
     fits = target != torch.float16 or not z.numel()
     if not fits and not bool(z.abs().amax() <= torch.finfo(torch.float16).max):
-        return z  # a cell past 65504 (or non-finite): this call stays wide
+        return z  # a value past 65504 (or non-finite): this operand stays wide
     return z.to(target)
+
+
+def stored_product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``a [M, K] @ b [K, N]``, a GEMM of a ``dtype`` call whose result is stored before it is
+    summed further (``grad_z = weight^T grad_y``), run in :func:`gemm_dtype`. A narrow float16
+    call takes the GEMM's float32 sum and stores it with :func:`store_operand`, so a value past
+    65504 keeps the product in float32 instead of becoming inf: on CUDA ``mm``'s ``out_dtype``
+    returns that sum; a CPU has no such form, so there the widened operands (whose products are
+    exact in float32, as inside a 16-bit GEMM) run a float32 GEMM. Every other call runs its one
+    GEMM as it is: float32 and float64 (wide), bfloat16 (narrow; float32's range, so its one
+    rounding is bounded)."""
+    target = gemm_dtype(a.device, dtype)
+    a, b = a.to(target), b.to(target)
+    if target != torch.float16:
+        return a @ b
+    if a.is_cuda:  # [M, N] the 16-bit GEMM's float32 sum
+        return store_operand(torch.mm(a, b, out_dtype=torch.float32), dtype)
+    return store_operand(a.float() @ b.float(), dtype)  # the same products, summed in float32

@@ -22,6 +22,7 @@ from fovi_ref.precision import (
     gemm_dtype,
     platform,
     store_operand,
+    stored_product,
 )
 from fovi_ref.strategies import STRATEGIES, forced_ops, strategy_for
 
@@ -81,6 +82,25 @@ def test_store_operand_stores_once_and_keeps_float16_overflow_wide(dtype):
         big = torch.tensor([[70000.0, 1.0]])
         assert store_operand(big, dtype).dtype == (torch.float32 if dtype == F16 else BF16)
     assert store_operand(z, torch.float32) is z
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN_BIT, ids=dtype_name)
+def test_stored_product_stores_a_16_bit_product_once_where_it_fits(dtype):
+    """grad_z = W^T grad_y: wide, the float32 GEMM as it was; narrow, stored once in 16 bits, or
+    kept in float32 where a float16 value is past 65504 (bfloat16 has float32's range)."""
+    a = torch.tensor([[1.0, 2.0], [3.0, -4.0]]).to(dtype)  # [2, 2]
+    b = torch.tensor([[20000.0, 1.0 + 2**-7], [20000.0, 1.0]]).to(dtype)  # [2, 2]
+    exact = a.float() @ b.float()  # [[60000, ...], [-20000, ...]]: fits float16
+    with gemm_dtypes.forced("wide"):
+        assert torch.equal(stored_product(a, b, dtype), exact)
+    with gemm_dtypes.forced("narrow"):
+        assert torch.equal(stored_product(a, b, dtype), exact.to(dtype))
+        big = 2 * a  # [[120000, ...], ...] is past 65504
+        past = stored_product(big, b, dtype)
+        assert past.dtype == (torch.float32 if dtype == F16 else BF16)
+        assert torch.equal(past, (big.float() @ b.float()).to(past.dtype))
+    grad_z = torch.randn(3, 4, dtype=torch.float64)
+    assert torch.equal(stored_product(grad_z, grad_z.t(), torch.float64), grad_z @ grad_z.t())
 
 
 # --------------------------------------------------------------- both paths, every backend

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fovi_ref import get_ops, knn_autograd
-from fovi_ref.check.check_ops import CHECKS, F16_PAST_MAX_NOTE, check_ops
+from fovi_ref.check.check_ops import CHECKS, F16_PAST_MAX_NOTE, GRAD_Z_PAST_MAX_NOTE, check_ops
 
 FAST = ("random", "layer4.0.downsample.0", "layer4.1.conv1")
 LOW = (torch.float16, torch.bfloat16)
@@ -44,17 +44,27 @@ def test_gather_gemm_graphs_it_does_not_support_are_skipped(reports):
 def test_einsum_baseline_differs_only_where_fovis_path_makes_inf_or_nan():
     """fovi's path multiplies every neighbour by its one-hot row, so an inf input becomes nan in
     every *other* cell of its channel (inf * 0): grad_weight is nan where the formula has finite
-    values. It also stores float16 cells, so a cell past 65504 makes a finite y inf. Nothing
-    else differs; with one cell (V = 1) and one neighbour (K = 1) nothing does."""
+    values; so does an inf weight in grad_x. It also stores float16 cells and float16
+    ``grad_z``, so a cell past 65504 makes a finite y inf, and a ``grad_z`` past 65504 a finite
+    grad_x nan. Nothing else differs; with one cell (V = 1) and one neighbour (K = 1) only the
+    stored ``grad_z`` does."""
     report = check_ops("einsum_baseline", graphs=FAST)
     failures = report.failures
     assert failures, "the known differences went away: update this test and the docs"
     found = {(r.check, r.dtype, r.quantity) for r in failures}
-    assert {(c, q) for c, _, q in found} == {("nonfinite", "grad_weight"), ("rounding", "y")}
+    assert {(c, q) for c, _, q in found} == {
+        ("nonfinite", "grad_weight"),
+        ("nonfinite", "grad_x"),
+        ("rounding", "y"),
+        ("rounding", "grad_x"),
+    }
     assert {d for c, d, _ in found if c == "rounding"} == {"float16"}
-    assert "random_k1_v1" not in {r.graph for r in failures}
+    assert {r.note.split("; ")[-1] for r in failures if r.graph == "random_k1_v1"} == {
+        GRAD_Z_PAST_MAX_NOTE
+    }
     assert all("non-finite mismatches" in r.note for r in failures)
-    assert all(r.note.endswith(F16_PAST_MAX_NOTE) for r in failures if r.check == "rounding")
+    past_max = {"y": F16_PAST_MAX_NOTE, "grad_x": GRAD_Z_PAST_MAX_NOTE}
+    assert all(r.note.endswith(past_max[r.quantity]) for r in failures if r.check == "rounding")
 
 
 class ForeignOps:

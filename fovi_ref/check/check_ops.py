@@ -45,12 +45,19 @@ rounding       (float16 and bfloat16) cells whose partial sums dwarf their sum: 
                which the rule's one store of ``z`` (relative to ``|z|``) does not allow;
                (float16) a cell of two or more inputs of 40,000 read with a weight of
                2^-10: ``y`` is finite (78.125 for two), and a cell stored in float16 makes
-               it inf
+               it inf; (float16) upstream gradients of a gradient scaler's size, +40,000 at
+               node 0 and -39,936 at node 1, which share an input, weights 2: each
+               ``grad_z`` is past 65504 and the shared input's ``grad_x`` is small, and a
+               ``grad_z`` stored in float16 makes it nan; (both) on graphs where many terms
+               meet (:func:`many_terms`), every operand of one sign: a sum rounded once per
+               term (16-bit atomics, one reader at a time) piles its roundings up
 padding        inputs that no real neighbour reads hold inf (and the upstream gradient is
                large at all-padding nodes): the oracle still holds, all-padding outputs
                are exactly the bias (or 0), unread inputs get exactly zero gradient
-nonfinite      an inf and a nan in inputs that are read reach exactly the elements the
-               oracle says, and nothing else
+nonfinite      an inf and a nan in inputs that are read, and in the weights of the last
+               output channel (from two on), reach exactly the elements the oracle says,
+               and nothing else; a non-finite weight may make its whole output channel of
+               ``y`` non-finite (:mod:`fovi_ref.check.tolerances`, "Non-finite values")
 variants       the oracle check again on what callers hand over besides the default
                operands: ``x`` in fovi's transposed layout, a strided slice and a stride-0
                expansion; ``weight`` transposed in memory; a strided ``bias`` and
@@ -580,6 +587,62 @@ def _cells_past_float16_max(case: _Case, x, w, b, gy) -> list[torch.Tensor] | No
     )
 
 
+GRAD_Z_PAST_MAX = (40000.0, -39936.0)
+"""Upstream gradients at nodes 0 and 1 (float16, exact): with weights 2 each ``grad_z`` is past
+65504, and their sum over ``Cout`` output channels is ``128 Cout``."""
+GRAD_Z_PAST_MAX_NOTE = "a float16 grad_z past 65504, grad_x finite"
+
+
+def _grad_z_past_float16_max(case: _Case, x, w, b, gy) -> list[torch.Tensor] | None:
+    """Operands whose exact ``grad_x`` is finite in float16 while ``grad_z = W^T grad_y`` is not
+    (check ``rounding``), or ``None`` for another dtype or a graph whose nodes 0 and 1 share no
+    input. ``grad_y`` is :data:`GRAD_Z_PAST_MAX` at nodes 0 and 1 (a gradient scaler's size) and
+    as drawn elsewhere, every weight is 2: node 0's ``grad_z`` is ``80,000 Cout``
+    and node 1's ``-79,872 Cout``, so an input both read once in one cell gets about
+    ``128 Cout``, and nan from a ``grad_z`` stored in float16. ``grad_x`` alone is judged: the
+    exact weight gradient need not be finite in float16."""
+    meta = case.graph.meta
+    if case.dtype != torch.float16 or meta.n_out < 2 or case.batch == 0:
+        return None
+    real = ~meta.pad_mask  # [K, Nout]
+    shared = set(meta.knn[real[:, 0], 0].tolist()) & set(meta.knn[real[:, 1], 1].tolist())
+    if not shared:
+        return None
+    gy = gy.clone()
+    gy[:, :, 0], gy[:, :, 1] = GRAD_Z_PAST_MAX
+    return [x, torch.full_like(w, 2.0), b, gy]
+
+
+ONE_SIGN_NOTE = "operands of one sign: roundings pile up"
+MANY_TERMS = 128
+"""Terms (one input's readers, or a cell's entries over the batch) from which one rounding per
+term, all of one sign, can reach the sum itself in bfloat16 (``gamma_F(u) >= 1`` from
+``F u >= 1/2``; :mod:`fovi_ref.check.tolerances`, step 2 (c))."""
+
+
+def many_terms(meta: KNNMeta, batch: int) -> bool:
+    """True where some sum a backend may add term by term has :data:`MANY_TERMS` terms or more:
+    the readers of one input (``grad_x``) or a cell's entries over the batch and the nodes
+    (``grad_weight``)."""
+    real = ~meta.pad_mask  # [K, Nout]
+    readers = torch.bincount(meta.knn[real], minlength=meta.n_in)  # [Nin] fan-out
+    entries = torch.bincount(meta.rf_index.t()[real], minlength=meta.v)  # [V] per cell
+    most = max(int(readers.max()), batch * int(entries.max())) if real.any() else 0
+    return most >= MANY_TERMS
+
+
+def _one_sign(case: _Case, x, w, b, gy) -> list[torch.Tensor] | None:
+    """The operands' magnitudes (check ``rounding``), where many terms meet in a 16-bit dtype
+    (:func:`many_terms`); else ``None``. Every term of every sum then has one sign, as under a
+    mean loss with positive weights: a sum rounded once per added term loses ever more of the
+    later terms, which random signs would have cancelled."""
+    if case.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    if not many_terms(case.graph.meta, case.batch):
+        return None
+    return [x.abs(), w.abs(), None if b is None else b.abs(), gy.abs()]
+
+
 def _judge(case, check, got, expected, baseline=None, note="", quantities=JUDGED):
     rows = []
     for quantity in quantities:
@@ -705,7 +768,10 @@ def _check_padding(ops, case, operands) -> list[ReportRow]:
 
 
 def _check_nonfinite(ops, case, operands) -> list[ReportRow]:
-    """An inf and a nan in read inputs of batch 0 reach exactly what the oracle says."""
+    """An inf and a nan in read inputs of batch 0, and (from two output channels on, so that the
+    other channels still show where the inputs' inf and nan reach in ``y``) an inf in the first
+    weight column of the last output channel and a nan in its last: each reaches exactly what
+    the oracle says (a non-finite weight may make its channel of ``y`` non-finite)."""
     meta = case.graph.meta
     read = (~_unread_inputs(meta)).nonzero().flatten()
     if case.batch == 0 or read.numel() == 0:
@@ -713,6 +779,9 @@ def _check_nonfinite(ops, case, operands) -> list[ReportRow]:
     x, w, b, gy = (t.clone() for t in operands)
     x[0, 0, int(read[0])] = math.inf
     x[0, -1, int(read[-1])] = math.nan
+    if w.shape[0] >= 2:
+        w[-1, 0] = math.inf
+        w[-1, -1] = math.nan
     try:
         got = _run(ops, meta, x, w, b, gy)
     except Exception as err:
@@ -952,6 +1021,20 @@ def _run_checks(ops, door: str, case: _Case, checks: Sequence[str]) -> list[Repo
     if past_max is not None:
         rows += _check_oracle(ops, case, past_max, "rounding", name=ops.name, quantities=("y",),
                               note=F16_PAST_MAX_NOTE)[0]  # fmt: skip
+    grad_z_past_max = _grad_z_past_float16_max(case, *operands) if "rounding" in checks else None
+    if grad_z_past_max is not None:
+        rows += _check_oracle(
+            ops,
+            case,
+            grad_z_past_max,
+            "rounding",
+            name=ops.name,
+            quantities=("grad_x",),
+            note=GRAD_Z_PAST_MAX_NOTE,
+        )[0]
+    one_sign = _one_sign(case, *operands) if "rounding" in checks else None
+    if one_sign is not None:
+        rows += _check_oracle(ops, case, one_sign, "rounding", name=ops.name, note=ONE_SIGN_NOTE)[0]
     if "padding" in checks:
         rows += _check_padding(ops, case, operands)
     if "nonfinite" in checks:

@@ -70,7 +70,13 @@ kinds of error:
       which may be far larger than ``z`` (``A + s - A``): that is not allowed, and check_ops'
       ``rounding`` check builds such cells;
     - ``grad_x``: ``grad_z = W^T grad_y`` per (channel, cell, node) is stored before it is scattered
-      onto the inputs (by every backend here). The scatter itself may add in the storage dtype:
+      onto the inputs (by every narrow backend here), off by at most ``u |grad_z|``. A store is a
+      rounding only where the value fits: a float16 ``grad_z`` past 65504 (upstream gradients of
+      a gradient scaler's size) is inf, no rounding at all, and where two readers carry it with
+      opposite signs ``grad_x`` is nan although the exact value is small. That is not allowed
+      (see "Non-finite values"; check ``rounding`` builds such gradients), and fovi_ref's narrow
+      path keeps such a ``grad_z`` in float32 (:func:`fovi_ref.precision.stored_product`), which
+      rounds nothing. The scatter itself may add in the storage dtype:
       CUDA's ``index_add_``/``scatter_add_`` on float16/bfloat16 add atomically, one rounding per
       collision. With ``F(i)`` real entries reading input ``i`` (its *fan-out*) a term meets at
       most ``h = F(i)`` roundings: ``M_s = M``;
@@ -89,7 +95,12 @@ kinds of error:
     working dtype, its scatter accumulated in float32, the result rounded once, i.e. the same
     bound with ``h = 1``. A backend that adds 16-bit atomics one reader at a time (CUDA's
     ``index_add_``) fails there, and rightly: such a sum can lose every reader's contribution
-    but the first few. The row says how many elements this rule judged;
+    but the first few. It shows where the terms have one sign: random signs make its extra
+    roundings cancel (a ``u |t| sqrt(F)`` walk that stays near ``u M``), while terms of one sign
+    pile them up, each rounding relative to a partial sum that grows to ``|ref| = M``, and once
+    a term falls below half a unit of that sum it is lost. Check ``rounding`` therefore runs the
+    hubs, and every graph where many terms meet, with operands of one sign. The row says how
+    many elements this rule judged;
 
 (d) *the bias, added after the GEMM* (``bias_rounding="separate"``). An implementation may
     store the GEMM's result and add the bias in a second pass, ``fl(fl(W x) + b)``: one more
@@ -120,7 +131,9 @@ in float32) stores each shared cell ``z`` once and ``grad_z`` once: for ``y``, i
     |y - ref| <= u |ref| + (1 + u) [u sum_{c, v shared} |w| |z| + (1 + u) gamma_N(u32) M + N eta32]
 
 (+ the oracle's term below), and the same with ``|grad_y| |z|`` for ``grad_weight`` and with
-``h = 1`` for ``grad_x``. The price of narrow is the middle term: at most one unit roundoff of
+``h = 1`` for ``grad_x``. A value past float16's range is never stored (its operand stays
+float32, :mod:`fovi_ref.precision`), so each store is the bounded rounding counted here, and a
+kept operand rounds less. The price of narrow is the middle term: at most one unit roundoff of
 every stored cell, never of a partial sum, which ``check_ops``' ``rounding`` check builds cells
 to expose. Both paths are judged by the same rule, which allows at least what each needs.
 
@@ -157,17 +170,32 @@ check left.
 
 **Non-finite values.** An inf or nan in the inputs must reach exactly the outputs the oracle says:
 the masks of non-finite elements must be equal (inf and nan are not told apart); finite elements
-are judged by the bound. A finite ``ref`` may come back non-finite only where its magnitude
-``M`` reaches the dtype's overflow threshold: ``M`` bounds every partial sum, so below it no
-correct implementation overflows, and above it a stored partial sum may (``inf - inf`` is then
-nan). Non-finite *upstream gradients* and *weights* are outside this promise: every GEMM over
-cells multiplies them by the zeros of cells a node does not use (``0 * inf``), which the
-formula has no term for. For an inf in ``x`` the same happens inside fovi's one-hot einsum
-(``einsum_baseline``): the inf meets the zeros of its one-hot row and turns every other cell of
-its channel into nan, so that backend's ``grad_weight`` fails this check where ``V > 1``. That
-path also stores each cell in the working dtype, so a float16 cell past 65504 is inf where ``M``
-and ``y`` are finite (check ``rounding``; fovi's finding
-``scripts/fovi_findings/f16_cell_sum_overflow.py``): ``einsum_baseline`` fails those rows too.
+are judged by the bound. A finite ``ref`` may come back non-finite only where a correct
+implementation can overflow: where the result itself may round past the largest finite value
+(``|ref| + bound`` reaches the dtype's overflow threshold), or where ``M`` reaches the overflow
+threshold of the accumulation dtype (``M`` bounds every partial sum, so below it no float32
+accumulator overflows, and above it one may, ``inf - inf`` then being nan). In float32 and
+float64 that is ``M`` against the dtype's own threshold. In float16 the allowance ends there: the
+roundings step 2 allows are bounded roundings, and a value stored past 65504 is inf, no rounding,
+so a stored intermediate (a cell, ``grad_z``, a partial sum of 16-bit atomics) that overflows
+where the result does not fails, however large ``M``.
+
+Non-finite *weights* are inside this promise, with one allowance the operator needs: a
+non-finite ``weight[o, j]`` may make every ``y[:, o, :]`` non-finite, also at nodes whose
+neighbours never fill cell ``j`` (the oracle, a loop over neighbours, leaves those finite). The
+operator is one GEMM over all ``Cin*V`` weight columns, which multiplies each column by every
+node's cell, the empty ones as zeros, and ``0 * inf`` is nan; fovi's ``F.linear`` over its
+one-hot features does the same. ``grad_x`` and ``grad_weight`` must follow the oracle: a
+``grad_z`` of a cell no neighbour fills is never read, and ``grad_weight`` reads no weight.
+Non-finite *upstream gradients* stay outside the promise: the GEMMs multiply them by the zeros
+of empty cells too (``0 * inf``), in ``grad_weight`` as well, which the formula has no term for.
+For an inf in ``x`` or in a weight the zeros of fovi's one-hot einsum (``einsum_baseline``) do
+the same: the inf turns every other cell of its channel into nan, so that backend's
+``grad_weight`` (an inf in ``x``) and ``grad_x`` (an inf in a weight) fail this check where
+``V > 1``. That path also stores each cell, and ``grad_z``, in the working dtype, so a float16
+cell or ``grad_z`` past 65504 is inf where ``y`` and ``grad_x`` are finite (check ``rounding``;
+fovi's finding ``scripts/fovi_findings/f16_cell_sum_overflow.py``): ``einsum_baseline`` fails
+those rows too.
 
 **The baseline**, ``einsum_baseline`` (fovi's path) run in the same dtype, is judged by the same
 rule and its worst ratio is *reported* beside the backend's, not used for pass/fail: it shows
@@ -244,6 +272,7 @@ __all__ = [
     "expected_quantities",
     "gamma",
     "judge_elementwise",
+    "overflow_threshold",
     "relative_error",
     "vacuous_stores",
 ]
@@ -292,6 +321,9 @@ class Expected:
         stored: ``M_s``, the magnitude of the terms that pass through a stored intermediate.
         stores: ``h``, how many roundings in the working dtype such a term may meet.
         product_stores: ``P``, stored values that hold a product (may underflow).
+        nonfinite_allowed: bool, broadcastable: elements whose finite ``ref`` may come back
+            non-finite (``y[:, o, :]`` where row ``o`` of the weight holds an inf or nan; module
+            docstring, "Non-finite values"); ``None``: nowhere.
     """
 
     name: str
@@ -301,6 +333,7 @@ class Expected:
     stored: torch.Tensor
     stores: torch.Tensor
     product_stores: torch.Tensor
+    nonfinite_allowed: torch.Tensor | None = None
 
 
 def expected_quantities(
@@ -336,7 +369,10 @@ def expected_quantities(
     else:  # only the binned features of cells holding two or more neighbours are rounded,
         # each relative to its own value |z|: sum_{c,v} |w| |z| and sum_{b,n} |grad_y| |z|
         z_abs = binned_cells(x.detach(), shared_meta).flatten(1, 2).abs()  # [B, Cin*V, Nout]
-        shared_y = torch.einsum("oj,bjn->bon", weight.detach().double().abs(), z_abs)
+        # A non-finite weight makes y non-finite wherever a node reads it (no bound needed there);
+        # elsewhere its empty cells hold no term, so it counts 0 (the einsum would give 0*inf).
+        w_abs = weight.detach().double().abs().nan_to_num(nan=0.0, posinf=0.0)
+        shared_y = torch.einsum("oj,bjn->bon", w_abs, z_abs)
         shared_w = torch.einsum("bon,bjn->oj", grad_y.detach().double().abs(), z_abs)
     real = meta.knn[~meta.pad_mask]  # [E] inputs read by real neighbours
     fan_out = torch.bincount(real, minlength=meta.n_in).to(torch.float64)  # [Nin] F(i)
@@ -347,8 +383,9 @@ def expected_quantities(
     if bias is not None and bias_rounding == "separate":  # (d): W x stored before the bias
         y_stored = (mag.y - bias.double().abs()[None, :, None]).clamp(min=0)  # all but the bias
         y_stores, y_products = 1 + (shared_y > 0).double(), one
+    poisoned = ~torch.isfinite(weight.detach()).all(dim=1)[None, :, None]  # [1, Cout, 1]
     out = {
-        "y": Expected("y", ref.y, mag.y, counts.y, y_stored, y_stores, y_products),
+        "y": Expected("y", ref.y, mag.y, counts.y, y_stored, y_stores, y_products, poisoned),
         "grad_x": Expected("grad_x", ref.grad_x, mag.grad_x, counts.grad_x, mag.grad_x, fan_out,
                            fan_out),
         "grad_weight": Expected(
@@ -441,6 +478,13 @@ class Verdict:
         return text + "".join(f"; {n}" for n in self.notes)
 
 
+def overflow_threshold(dtype: torch.dtype) -> float:
+    """The smallest magnitude that round-to-nearest takes to inf in ``dtype``: the largest finite
+    value plus half an ulp of it, ``2^emax u`` (float16: 65504 + 16)."""
+    biggest = torch.finfo(dtype).max
+    return biggest + math.ldexp(UNIT_ROUNDOFF[dtype], math.frexp(biggest)[1] - 1)
+
+
 def _ratios(value: torch.Tensor, expected: Expected, dtype: torch.dtype):
     """``(ratio, error, bound, mismatched)``: elementwise ratio on finite elements (0 elsewhere),
     and where finiteness differs from the oracle's."""
@@ -448,11 +492,13 @@ def _ratios(value: torch.Tensor, expected: Expected, dtype: torch.dtype):
     v = value.detach().to(device=ref.device, dtype=torch.float64)
     bound = error_bound(expected, dtype).expand_as(ref)
     finite_ref, finite_v = torch.isfinite(ref), torch.isfinite(v)
-    # A finite ref may come back non-finite where its terms' magnitude reaches overflow: from
-    # max + half an ulp on (2^emax u) round-to-nearest gives inf (float16: 65504 + 16).
-    biggest = torch.finfo(dtype).max
-    threshold = biggest + math.ldexp(UNIT_ROUNDOFF[dtype], math.frexp(biggest)[1] - 1)
-    may_overflow = finite_ref & (expected.magnitude.expand_as(ref) >= threshold)
+    # A finite ref may come back non-finite where the result may round to inf, or where its
+    # terms' magnitude reaches the accumulator's overflow (module docstring, "Non-finite values").
+    result_overflows = ref.abs() + bound >= overflow_threshold(dtype)
+    sums_overflow = expected.magnitude.expand_as(ref) >= overflow_threshold(ACCUMULATION[dtype])
+    may_overflow = finite_ref & (result_overflows | sums_overflow)
+    if expected.nonfinite_allowed is not None:
+        may_overflow |= expected.nonfinite_allowed.expand_as(ref)
     mismatched = (finite_ref != finite_v) & ~(may_overflow & ~finite_v)
     both = finite_ref & finite_v
     error = torch.where(both, (v - ref).abs(), 0.0)

@@ -15,7 +15,10 @@ say; either way a block bounds the memory ``grad_z`` takes to ``BLOCK_ROWS`` row
 The entries are channel-major, so the first ``cb`` channels' entries plan
 every full block (``block_unbin``), and the first ``Cin mod cb`` the last one
 (``block_rest_unbin``): every row adds the same terms in the same order as the textbook, bit
-for bit. Blocks need not divide ``Cin``, so a prime ``Cin`` keeps full-size blocks. The forward
+for bit. (In a narrow float16 call with a ``grad_z`` value past 65504, the textbook keeps all of
+``grad_z`` in float32 and a block only its own, :func:`fovi_ref.precision.stored_product`: there
+the other blocks' roundings differ from the textbook's.)
+Blocks need not divide ``Cin``, so a prime ``Cin`` keeps full-size blocks. The forward
 and the weight gradient are the textbook's. Both constants are set by ``python -m fovi_ref bench
 --strategies``.
 """
@@ -33,7 +36,7 @@ from fovi_ref.knn_general import (
     operand,
 )
 from fovi_ref.meta import Derived, KNNMeta
-from fovi_ref.precision import gemm_dtype
+from fovi_ref.precision import gemm_dtype, stored_product
 from fovi_ref.segment_sum import SegmentSumPlan, build_segment_sum_plan, segment_sum
 
 __all__ = [
@@ -110,7 +113,8 @@ def grad_input(
     for c in range(0, meta.in_channels, cb):  # the block of channels c .. end - 1
         end = min(c + cb, meta.in_channels)
         prefix = "block_unbin" if end - c == cb else "block_rest_unbin"
-        grad_z = weight[:, c * v : end * v].t() @ grad_y_cols  # [(end-c)*V, Nout*B]
+        block = weight[:, c * v : end * v].t()  # [(end-c)*V, Cout]
+        grad_z = stored_product(block, grad_y_cols, grad_y.dtype)  # [(end-c)*V, Nout*B]
         grad_z_rows = grad_z.view((end - c) * v * meta.n_out, batch)
         plan = SegmentSumPlan.from_derived(data, prefix)
         grad_x_rows[c * n_in : end * n_in] = segment_sum(grad_z_rows, plan)

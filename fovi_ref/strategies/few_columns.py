@@ -27,7 +27,7 @@ from fovi_ref.knn_general import (
 )
 from fovi_ref.knn_general import operand as textbook_operand
 from fovi_ref.meta import Derived, KNNMeta
-from fovi_ref.precision import gemm_dtype
+from fovi_ref.precision import stored_product
 
 __all__ = [
     "FEW_COLUMNS",
@@ -74,6 +74,5 @@ def grad_input(
 ) -> torch.Tensor:
     """``grad_x [B, Cin, Nin]``: ``grad_z = (grad_y^T @ weight)^T``, contiguous, then the
     textbook's unbinning."""
-    acc = gemm_dtype(grad_y.device, grad_y.dtype)
-    grad_z = grad_y_columns(grad_y).t().to(acc) @ weight.to(acc)  # [Nout*B, Cin*V]
+    grad_z = stored_product(grad_y_columns(grad_y).t(), weight, grad_y.dtype)  # [Nout*B, Cin*V]
     return unbin(meta, data, grad_z.t().contiguous(), grad_y.shape[0], grad_y.dtype)

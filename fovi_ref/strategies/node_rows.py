@@ -23,7 +23,7 @@ import torch
 from fovi_ref.knn_general import bin_entries
 from fovi_ref.layout import linear_rows, y_from_rows
 from fovi_ref.meta import Derived, KNNMeta
-from fovi_ref.precision import gemm_dtype, store_operand
+from fovi_ref.precision import store_operand, stored_product
 from fovi_ref.segment_sum import (
     SegmentSumPlan,
     accumulation_dtype,
@@ -120,11 +120,11 @@ def forward_with_operand(
 def grad_input(
     meta: KNNMeta, data: Derived, grad_y: torch.Tensor, weight: torch.Tensor
 ) -> torch.Tensor:
-    """``grad_y [B, Cout, Nout] -> grad_x [B, Cin, Nin]``: ``grad_z = grad_y_rows @ weight``,
-    permuted to node rows ``[V*Nout, B*Cin]``, summed back with ``node_unbin``."""
+    """``grad_y [B, Cout, Nout] -> grad_x [B, Cin, Nin]``: ``grad_z = grad_y_rows @ weight`` (rows
+    ``(b, n)``, stored as :func:`fovi_ref.precision.stored_product` stores it), permuted to node
+    rows ``[V*Nout, B*Cin]``, summed back with ``node_unbin``."""
     batch = grad_y.shape[0]
-    acc = gemm_dtype(grad_y.device, grad_y.dtype)
-    grad_z = _grad_y_rows(grad_y).to(acc) @ weight.to(acc)  # [B*Nout, Cin*V]: rows (b, n)
+    grad_z = stored_product(_grad_y_rows(grad_y), weight, grad_y.dtype)  # [B*Nout, Cin*V]
     grad_z_nodes = grad_z.new_empty(meta.v, meta.n_out, batch, meta.in_channels)
     grad_z_nodes.copy_(grad_z.view(batch, meta.n_out, meta.in_channels, meta.v).permute(3, 1, 0, 2))
     plan = SegmentSumPlan.from_derived(data, "node_unbin")

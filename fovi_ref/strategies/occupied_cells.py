@@ -27,8 +27,9 @@ res18's layers must be routed by the estimate as well as any value of the thresh
 **16 bits.** Each cell's ``u`` is added into ``y`` after its GEMM, so the forward runs wide
 whatever :func:`fovi_ref.precision.gemm_dtype` says (the pair features stay float32): a 16-bit
 ``u`` would be rounded once per cell, which the tolerance rule does not allow. The input
-gradient's GEMMs follow ``gemm_dtype``. :func:`fovi_ref.strategies.choose_strategy` therefore
-takes this strategy only where the GEMMs run wide.
+gradient's GEMMs sum in float32 too, and ``grad_z`` is stored once as the textbook stores it
+(:func:`fovi_ref.precision.store_operand`: in ``gemm_dtype``, where every value fits).
+:func:`fovi_ref.strategies.choose_strategy` takes this strategy only where the GEMMs run wide.
 """
 
 from __future__ import annotations
@@ -38,8 +39,13 @@ import torch
 from fovi_ref.knn_general import bin_entries
 from fovi_ref.layout import fovi_layout_empty
 from fovi_ref.meta import Derived, KNNMeta
-from fovi_ref.precision import gemm_dtype
-from fovi_ref.segment_sum import SegmentSumPlan, build_segment_sum_plan, segment_sum
+from fovi_ref.precision import gemm_dtype, store_operand
+from fovi_ref.segment_sum import (
+    SegmentSumPlan,
+    accumulation_dtype,
+    build_segment_sum_plan,
+    segment_sum,
+)
 from fovi_ref.strategies.node_rows import node_rows, to_fovi_input
 
 __all__ = [
@@ -211,15 +217,19 @@ def forward_with_operand(
 def grad_input(
     meta: KNNMeta, data: Derived, grad_y: torch.Tensor, weight: torch.Tensor
 ) -> torch.Tensor:
-    """``grad_x [B, Cin, Nin]``: per cell ``grad_z_pairs = grad_y_pairs^T @ weight_v``, then the
-    pair sums transposed (pairs -> inputs)."""
+    """``grad_x [B, Cin, Nin]``: per cell ``grad_z_pairs = grad_y_pairs^T @ weight_v`` (summed in
+    float32 for 16-bit calls, then stored once), then the pair sums transposed (pairs ->
+    inputs)."""
     batch = grad_y.shape[0]
-    acc = gemm_dtype(grad_y.device, grad_y.dtype)
+    # A cell's GEMM writes its block of one buffer, so the blocks sum in float32 (exact 16-bit
+    # products) and the whole grad_z is stored once, as the textbook's is.
+    acc = accumulation_dtype(gemm_dtype(grad_y.device, grad_y.dtype))
     g_pairs = _pair_grad_y(data, grad_y.to(acc))  # [Cout, T*B]
     weights = _cell_weights(weight, meta.v, acc)  # [V, Cout, Cin]
     grad_z = g_pairs.new_empty(g_pairs.shape[1], meta.in_channels)  # [T*B, Cin]
     for v, rows, _ in _cell_slices(data, batch):
         torch.mm(g_pairs[:, rows].t(), weights[v], out=grad_z[rows])
+    grad_z = store_operand(grad_z, grad_y.dtype)
     plan = SegmentSumPlan.from_derived(data, "cell_unbin")
     grad_z_pairs = grad_z.view(pair_count(data), batch * meta.in_channels)  # [T, B*Cin]
     grad_x_nodes = segment_sum(grad_z_pairs, plan)  # [Nin, B*Cin]
