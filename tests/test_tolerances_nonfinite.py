@@ -54,16 +54,17 @@ def test_a_float16_value_stored_past_65504_is_no_rounding():
 
 
 @pytest.mark.parametrize("bad", [math.inf, math.nan], ids=["inf", "nan"])
-def test_a_non_finite_weight_may_make_its_output_channel_of_y_non_finite_and_nothing_else(bad):
-    """weight[0, cell 1] is non-finite; node 0 reads cell 1 (through input 1), and so does node
-    1 (input 2): make node 1 read cell 0 alone, and y[:, 0, 1] is finite for the oracle, nan
-    for a GEMM over every cell column. That is allowed; a nan in output channel 1 is not, and
-    grad_x must follow the oracle."""
+def test_a_non_finite_weight_may_poison_its_y_channel_and_its_grad_x_channel_and_nothing_else(bad):
+    """weight[0, cell 1 of input channel 0] is non-finite; node 0 reads cell 1 (through input 1),
+    and node 1 reads cell 0 alone, so y[:, 0, 1] is finite for the oracle, nan for a GEMM over
+    every cell column. That is allowed, and so is a non-finite grad_x in input channel 0 (a
+    backward that sums grad_z with a matrix multiplies its inf by zeros); a nan in output
+    channel 1 of y, or in input channel 1 of grad_x, is not."""
     knn = torch.tensor([[0, 0], [1, 2]])
-    meta = KNNMeta.from_knn(knn, torch.tensor([[0, 1], [0, 0]]), n_in=3, in_channels=1, v=2)
+    meta = KNNMeta.from_knn(knn, torch.tensor([[0, 1], [0, 0]]), n_in=3, in_channels=2, v=2)
     g = torch.Generator().manual_seed(0)
-    x, gy = torch.randn(2, 1, 3, generator=g), torch.randn(2, 2, 2, generator=g)
-    w = torch.randn(2, 2, generator=g)
+    x, gy = torch.randn(2, 2, 3, generator=g), torch.randn(2, 2, 2, generator=g)
+    w = torch.randn(2, 4, generator=g)  # [Cout, Cin*V]
     w[0, 1] = bad
     expected = expected_quantities(x, w, None, meta, gy)
     assert bool(expected["y"].value[:, 0, 1].isfinite().all())  # node 1 never fills cell 1
@@ -75,7 +76,9 @@ def test_a_non_finite_weight_may_make_its_output_channel_of_y_non_finite_and_not
     other_channel[0, 1, 1] = math.nan
     assert judge_elementwise(other_channel, expected["y"]).nonfinite_mismatches == 1
     poisoned = grad_x.clone()
-    poisoned[:, :, 0] = math.nan  # input 0: read through cell 0 only
+    poisoned[:, 0, :] = math.nan  # the weight's input channel: allowed
+    assert judge_elementwise(poisoned, expected["grad_x"]).ok
+    poisoned[:, 1, 0] = math.nan  # the other input channel: not
     assert not judge_elementwise(poisoned, expected["grad_x"]).ok
     baseline = forward_and_grads(x, w, None, meta, gy, get_ops("einsum_baseline"))[1]
-    assert not judge_elementwise(baseline, expected["grad_x"]).ok  # its one-hot zeros: 0 * inf
+    assert judge_elementwise(baseline, expected["grad_x"]).ok  # its one-hot zeros: 0 * inf

@@ -180,22 +180,24 @@ roundings step 2 allows are bounded roundings, and a value stored past 65504 is 
 so a stored intermediate (a cell, ``grad_z``, a partial sum of 16-bit atomics) that overflows
 where the result does not fails, however large ``M``.
 
-Non-finite *weights* are inside this promise, with one allowance the operator needs: a
-non-finite ``weight[o, j]`` may make every ``y[:, o, :]`` non-finite, also at nodes whose
-neighbours never fill cell ``j`` (the oracle, a loop over neighbours, leaves those finite). The
-operator is one GEMM over all ``Cin*V`` weight columns, which multiplies each column by every
-node's cell, the empty ones as zeros, and ``0 * inf`` is nan; fovi's ``F.linear`` over its
-one-hot features does the same. ``grad_x`` and ``grad_weight`` must follow the oracle: a
-``grad_z`` of a cell no neighbour fills is never read, and ``grad_weight`` reads no weight.
+Non-finite *weights* are inside this promise, with the allowance the operator needs: a
+non-finite ``weight[o, c*V + v]`` may make every ``y[:, o, :]`` and every ``grad_x[:, c, :]``
+non-finite, also at nodes whose neighbours never fill cell ``c*V + v`` and at inputs no node
+reads (the oracle, a loop over neighbours, leaves those finite). The operator is one GEMM over
+all ``Cin*V`` weight columns, which multiplies each column by every node's cell, the empty ones
+as zeros, and ``0 * inf`` is nan; fovi's ``F.linear`` over its one-hot features does the same.
+Backward, ``grad_z = weight^T grad_y`` carries the inf into channel ``c`` of every node, and a
+backward that sums it back with a matrix (``gather_gemm``'s dense ``S`` on CUDA, fovi's one-hot
+einsum) multiplies it by the zeros of the inputs and cells no neighbour reads. ``grad_weight``
+must follow the oracle: it reads no weight.
 Non-finite *upstream gradients* stay outside the promise: the GEMMs multiply them by the zeros
 of empty cells too (``0 * inf``), in ``grad_weight`` as well, which the formula has no term for.
-For an inf in ``x`` or in a weight the zeros of fovi's one-hot einsum (``einsum_baseline``) do
-the same: the inf turns every other cell of its channel into nan, so that backend's
-``grad_weight`` (an inf in ``x``) and ``grad_x`` (an inf in a weight) fail this check where
-``V > 1``. That path also stores each cell, and ``grad_z``, in the working dtype, so a float16
-cell or ``grad_z`` past 65504 is inf where ``y`` and ``grad_x`` are finite (check ``rounding``;
-fovi's finding ``scripts/fovi_findings/f16_cell_sum_overflow.py``): ``einsum_baseline`` fails
-those rows too.
+For an inf in ``x`` the zeros of fovi's one-hot einsum (``einsum_baseline``) do the same: the
+inf turns every other cell of its channel into nan, so that backend's ``grad_weight`` fails
+this check where ``V > 1``. That path also stores each cell, and ``grad_z``, in the working
+dtype, so a float16 cell or ``grad_z`` past 65504 is inf where ``y`` and ``grad_x`` are finite
+(check ``rounding``; fovi's finding ``scripts/fovi_findings/f16_cell_sum_overflow.py``):
+``einsum_baseline`` fails those rows too.
 
 **The baseline**, ``einsum_baseline`` (fovi's path) run in the same dtype, is judged by the same
 rule and its worst ratio is *reported* beside the backend's, not used for pass/fail: it shows
@@ -322,8 +324,9 @@ class Expected:
         stores: ``h``, how many roundings in the working dtype such a term may meet.
         product_stores: ``P``, stored values that hold a product (may underflow).
         nonfinite_allowed: bool, broadcastable: elements whose finite ``ref`` may come back
-            non-finite (``y[:, o, :]`` where row ``o`` of the weight holds an inf or nan; module
-            docstring, "Non-finite values"); ``None``: nowhere.
+            non-finite (``y[:, o, :]`` where row ``o`` of the weight holds an inf or nan, and
+            ``grad_x[:, c, :]`` where a column of input channel ``c`` does; module docstring,
+            "Non-finite values"); ``None``: nowhere.
     """
 
     name: str
@@ -383,11 +386,14 @@ def expected_quantities(
     if bias is not None and bias_rounding == "separate":  # (d): W x stored before the bias
         y_stored = (mag.y - bias.double().abs()[None, :, None]).clamp(min=0)  # all but the bias
         y_stores, y_products = 1 + (shared_y > 0).double(), one
-    poisoned = ~torch.isfinite(weight.detach()).all(dim=1)[None, :, None]  # [1, Cout, 1]
+    finite_w = torch.isfinite(weight.detach())  # [Cout, Cin*V]
+    poisoned_y = ~finite_w.all(dim=1)[None, :, None]  # [1, Cout, 1]
+    finite_c = finite_w.view(c_out, -1, meta.v).all(dim=2).all(dim=0)  # [Cin]
+    poisoned_x = ~finite_c[None, :, None]  # [1, Cin, 1]
     out = {
-        "y": Expected("y", ref.y, mag.y, counts.y, y_stored, y_stores, y_products, poisoned),
+        "y": Expected("y", ref.y, mag.y, counts.y, y_stored, y_stores, y_products, poisoned_y),
         "grad_x": Expected("grad_x", ref.grad_x, mag.grad_x, counts.grad_x, mag.grad_x, fan_out,
-                           fan_out),
+                           fan_out, poisoned_x),
         "grad_weight": Expected(
             "grad_weight", ref.grad_weight, mag.grad_weight, counts.grad_weight, shared_w, one, zero
         ),
