@@ -1,0 +1,322 @@
+"""The rule's mutation job: mutmut rewrites the tolerance rule one small change at a time, the
+harness's own tests judge every mutant, and ``rule_record.json`` says what each one did.
+
+    python scripts/mutations/rule.py                       # make rule-mutations: stale functions
+    python scripts/mutations/rule.py 'fovi_ref.check.tolerances.x_gamma__mutmut_*'  # rerun these
+    python scripts/mutations/rule.py --table               # the per-function table of the record
+    python scripts/mutations/rule.py --sample 4 --seed 0   # CI: rerun a seeded sample of the record
+
+**What is mutated** (:data:`FUNCTIONS`): the functions that compute the bound and the verdict,
+``gamma``, ``expected_quantities``, ``vacuous_stores``, ``error_bound``, ``_ratios`` and
+``judge_elementwise`` in ``fovi_ref/check/tolerances.py``, every function of
+``fovi_ref/check/magnitude.py``, and check_ops' comparing helpers (``_judge``,
+``_first_offender``, ``_check_doors``, ``_check_padding``). Every backend verdict of the battery
+rests on them: a loosened bound passes real bugs, a tightened one fails correct kernels.
+
+**Where.** The backends' job owns ``mutants/`` and ``[tool.mutmut]`` in pyproject.toml; mutmut
+reads its configuration from, and writes its cache to, the directory it runs in. So this job
+runs it in its own work folder, ``mutants-rule/`` (git-ignored): a copy of ``fovi_ref/``,
+``tests/`` and ``scripts/`` and a pyproject.toml whose ``[tool.mutmut]`` is :func:`mutmut_config`.
+mutmut's cache is ``mutants-rule/mutants/``.
+
+**The judge** is :data:`TESTS`, run by mutmut on each mutant: of those tests, the ones that call
+the mutated function, stopping at the first failure. A mutant no test fails *survived*, unless
+``rule_equivalents.toml`` argues it *equivalent*; ``tests/test_rule_mutations.py`` fails on a
+survivor and on an argument for a mutant the record does not hold as equivalent.
+
+**The record is keyed by function** (:mod:`keys`): per function the key of its code, per mutant
+its verdict. A function whose code changed since (or that the record has not judged) is
+*pending*: the next run judges its mutants again, and only those, since mutmut numbers a
+function's mutants by its own code alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from collections import Counter
+from importlib.metadata import version
+from pathlib import Path
+
+from mutmut.stats import status_by_exit_code
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import keys  # noqa: E402  (the scripts beside this one are not a package)
+import run  # noqa: E402
+
+ROOT = run.ROOT
+HERE = run.HERE
+RECORD = HERE / "rule_record.json"
+EQUIVALENTS = HERE / "rule_equivalents.toml"
+WORK = ROOT / "mutants-rule"
+MUTANTS = WORK / "mutants"
+COPIED = ("fovi_ref", "tests", "scripts")
+"""What the work folder holds besides its pyproject.toml (the tests load scripts/)."""
+
+FUNCTIONS = {
+    "fovi_ref/check/tolerances.py": (
+        "gamma",
+        "expected_quantities",
+        "vacuous_stores",
+        "error_bound",
+        "_ratios",
+        "judge_elementwise",
+    ),
+    "fovi_ref/check/magnitude.py": (
+        "oracle_quantities",
+        "knn_conv_magnitude",
+        "knn_conv_term_counts",
+        "shared_cell_meta",
+        "binned_cells",
+    ),
+    "fovi_ref/check/check_ops.py": ("_judge", "_first_offender", "_check_doors", "_check_padding"),
+}
+"""The rule's functions, by file: every mutant of these is judged."""
+
+TESTS = [
+    "tests/test_tolerance_rule.py",
+    "tests/test_tolerances.py",
+    "tests/test_testing_check_ops.py",
+    "tests/test_battery.py",
+]
+"""The judge: the harness's own tests, the quickest to kill a mutant of the rule first."""
+
+VERDICTS = ("killed", "timeout", "crashed", "equivalent", "survived")
+"""The record's verdicts, in the table's column order (``timeout``: past mutmut's limit,
+``crashed``: the worker died; both count as killed)."""
+
+
+def mutmut_config() -> str:
+    """The work folder's ``[tool.mutmut]``: the rule's files only, judged by :data:`TESTS`."""
+    only = ", ".join(f'"{f}"' for f in FUNCTIONS)
+    tests = ", ".join(f'"{t}"' for t in TESTS)
+    return f"""[tool.mutmut]
+source_paths = ["fovi_ref"]
+only_mutate = [{only}]
+# As in the backends' job: a raise statement's message is wording, which tests/ holds.
+do_not_mutate_patterns = ['^\\s*raise ']
+also_copy = ["scripts"]
+pytest_add_cli_args_test_selection = [{tests}]
+process_isolation = "forkserver"
+# A mutant is stopped after (E + 60) s of wall time, E the clean time of the tests that call
+# its function: one that makes a test loop forever is cut off, none that merely runs is.
+timeout_constant = 60
+timeout_multiplier = 1.0
+"""
+
+
+def prepare_work_folder() -> None:
+    """``mutants-rule/`` as this checkout is now: :data:`COPIED` (files that differ), and the
+    repo's pyproject.toml with its ``[tool.mutmut]`` replaced by :func:`mutmut_config` (the
+    tests' pytest settings are kept)."""
+    for top in COPIED:
+        for path in (ROOT / top).rglob("*"):
+            relative = path.relative_to(ROOT)
+            copy = WORK / relative
+            if not path.is_file() or "__pycache__" in relative.parts:
+                continue
+            if not copy.exists() or copy.read_bytes() != path.read_bytes():
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, copy)
+    text = (ROOT / "pyproject.toml").read_text()
+    head, found, tail = text.partition("\n[tool.mutmut]\n")
+    rest = tail.partition("\n[")[2] if found else ""  # a section after the backends' config
+    pyproject = head.rstrip() + "\n\n" + mutmut_config() + (f"\n[{rest}" if rest else "")
+    (WORK / "pyproject.toml").write_text(pyproject)
+
+
+def current_keys() -> dict[str, dict[str, str]]:
+    """Per rule file, the key of each of its :data:`FUNCTIONS` and of its :data:`keys.MODULE`."""
+    out = {}
+    for source, names in FUNCTIONS.items():
+        found = keys.file_keys(ROOT / source)
+        out[source] = {n: found[n] for n in (*names, keys.MODULE)}
+    return out
+
+
+def stale_functions(record: dict, now: dict[str, dict[str, str]]) -> list[tuple[str, str]]:
+    """``(file, function)`` whose mutants the record does not hold as the code is now: the
+    function's key changed, or its file's :data:`keys.MODULE` (a constant may change what any
+    function of the file computes), or the record has not judged it."""
+    held = record.get("functions", {})
+    stale = []
+    for source, names in FUNCTIONS.items():
+        old = held.get(source, {})
+        module_same = old.get(keys.MODULE) == now[source][keys.MODULE]
+        for name in names:
+            if not (module_same and old.get(name) == now[source][name]):
+                stale.append((source, name))
+    return stale
+
+
+def glob_of(source: str, function: str) -> str:
+    """mutmut's names of ``function``'s mutants, as a glob: ``fovi_ref.check.tolerances.x_gamma
+    __mutmut_*`` (a top-level function's mangled name is ``x_`` and its name)."""
+    module = source.removesuffix(".py").replace("/", ".")
+    return f"{module}.x_{function}__mutmut_*"
+
+
+def mutmut_results() -> dict[str, tuple[str, int | None]]:
+    """``{mutant: (file, exit code)}`` from the ``.meta`` files of the work folder's cache."""
+    results = {}
+    for source in FUNCTIONS:
+        meta = MUTANTS / f"{source}.meta"
+        if meta.exists():
+            for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+                results[name] = (source, code)
+    return results
+
+
+def verdict_of(name: str, code: int | None, equivalents: dict[str, str]) -> dict:
+    """A mutant's ``verdict`` (and ``argument`` for an argued one) from mutmut's exit code."""
+    status = run.RENAMED.get(status_by_exit_code[code], status_by_exit_code[code])
+    if status in run.KILLED:
+        return {"verdict": status}
+    if status not in ("survived", "not reached"):
+        raise SystemExit(f"{name}: mutmut says {status!r}; rerun it")
+    line = {"verdict": "survived"} | ({"note": "no judging test calls it"} if code == 33 else {})
+    if name in equivalents:
+        return {"verdict": "equivalent", "argument": equivalents[name]}
+    return line
+
+
+def run_job(names: list[str]) -> None:
+    """mutmut on the stale functions' mutants (or on ``names``), then the record: the functions
+    judged now and the last record's lines of the others that still hold."""
+    start = time.monotonic()
+    previous = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    if previous.get("tool") != f"mutmut {version('mutmut')}":
+        previous = {}  # another mutmut numbers mutants otherwise: nothing of the record holds
+    now = current_keys()
+    stale = stale_functions(previous, now)
+    globs = names or [glob_of(source, function) for source, function in stale]
+    prepare_work_folder()
+    if globs:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        command = [sys.executable, "-m", "mutmut", "run", "--max-children", "1", *globs]
+        subprocess.run(command, cwd=WORK, env=env, check=True)
+    equivalents = tomllib.loads(EQUIVALENTS.read_text()) if EQUIVALENTS.exists() else {}
+    results = mutmut_results()
+    judged_now = set(stale) | {(results[n][0], keys.function_of(n)) for n in results if names}
+    mutants = {}
+    for name, line in previous.get("mutants", {}).items():  # functions the record holds as now
+        if (line["file"], line["function"]) not in judged_now and line["function"] in now.get(
+            line["file"], {}
+        ):
+            mutants[name] = argued(name, line, equivalents)
+    os.chdir(WORK)  # mutmut's diff reads mutants/ from the working directory
+    for name, (source, code) in sorted(results.items()):
+        function = keys.function_of(name)
+        if (source, function) not in judged_now or function not in FUNCTIONS[source]:
+            continue
+        if code is None:
+            raise SystemExit(f"mutmut has not run {name}: rerun")
+        line_no, change = run.change_of(name, source)
+        mutants[name] = {"file": source, "function": function, "line": line_no,
+                         "change": change} | verdict_of(name, code, equivalents)  # fmt: skip
+    entered = {(m["file"], m["function"]) for m in mutants.values()}
+    missing = [f"{s}::{f}" for s, names_ in FUNCTIONS.items() for f in names_
+               if (s, f) not in entered]  # fmt: skip
+    if missing:
+        raise SystemExit(f"no mutants judged for {missing}")
+    record = {
+        "tool": f"mutmut {version('mutmut')}",
+        "tests": TESTS,
+        "functions": now,
+        "seconds_this_run": round(time.monotonic() - start),
+        "mutants": dict(sorted(mutants.items())),
+    }
+    RECORD.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    print(table(record))
+
+
+def argued(name: str, line: dict, equivalents: dict[str, str]) -> dict:
+    """A held line with today's arguments: an argued line whose argument is gone is a survivor
+    again, and a survivor argued since is equivalent."""
+    if line["verdict"] not in ("survived", "equivalent"):
+        return line
+    line = {k: v for k, v in line.items() if k != "argument"} | {"verdict": "survived"}
+    if name in equivalents:
+        return line | {"verdict": "equivalent", "argument": equivalents[name]}
+    return line
+
+
+def table(record: dict) -> str:
+    """Per function: mutants, killed (``timeout`` and ``crashed`` among them), equivalent,
+    survived; and functions pending (changed since the record judged them)."""
+    head = ("function", "mutants", "killed", "equivalent", "survived")
+    now = current_keys()
+    pending = set(stale_functions(record, now))
+    rows = []
+    for source, names in FUNCTIONS.items():
+        for name in names:
+            verdicts = [m["verdict"] for m in record["mutants"].values()
+                        if (m["file"], m["function"]) == (source, name)]  # fmt: skip
+            killed = sum(v in run.KILLED for v in verdicts)
+            label = f"{Path(source).stem}.{name}" + (" (pending)" if (source, name) in pending
+                                                     else "")  # fmt: skip
+            rows.append([label, len(verdicts), killed, verdicts.count("equivalent"),
+                         verdicts.count("survived")])  # fmt: skip
+    rows.append(["all", *(sum(r[i] for r in rows) for i in range(1, len(head)))])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def score(record: dict) -> dict[str, int]:
+    """The README's figures: ``killed`` out of ``judged`` (the mutants not argued equivalent),
+    and ``equivalent``."""
+    verdicts = Counter(m["verdict"] for m in record["mutants"].values())
+    equivalent = verdicts["equivalent"]
+    killed = sum(verdicts[v] for v in run.KILLED)
+    return {"killed": killed, "judged": sum(verdicts.values()) - equivalent,
+            "equivalent": equivalent}  # fmt: skip
+
+
+def run_sample(size: int, seed: int) -> int:
+    """Rerun ``size`` killed mutants of the record, drawn with ``seed`` among the functions it
+    holds as they are now: each must still fail :data:`TESTS`."""
+    record = json.loads(RECORD.read_text())
+    pending = set(stale_functions(record, current_keys()))
+    killed = sorted(n for n, m in record["mutants"].items()
+                    if m["verdict"] == "killed" and (m["file"], m["function"]) not in pending)  # fmt: skip
+    prepare_work_folder()
+    os.chdir(WORK)  # mutmut generates its mutants/ in the working directory
+    run.MUTANTS = MUTANTS  # run.py's helpers work on the mutants/ its MUTANTS names
+    run.generate_mutants()
+    disagree = 0
+    for name in random.Random(seed).sample(killed, size):
+        failed = run.pytest_fails(name, TESTS)
+        disagree += not failed
+        print(f"{'killed' if failed else 'NOT KILLED':<10} {name}", flush=True)
+    print(f"{size - disagree} of {size} sampled mutants of the rule are killed, as recorded")
+    return int(disagree > 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="mutant globs, e.g. 'fovi_ref.check.*gamma*'")
+    parser.add_argument("--sample", type=int, help="rerun this many killed mutants (CI)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--table", action="store_true", help="print the record's table")
+    args = parser.parse_args(argv)
+    if args.table:
+        record = json.loads(RECORD.read_text())
+        print(table(record))
+        print(score(record))
+        return 0
+    if args.sample:
+        return run_sample(args.sample, args.seed)
+    run_job(args.names)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""The tolerance rule held to numbers it did not compute: a loosened bound fails here, and so
+does a tightened one.
+
+A planted error computed from ``error_bound()`` itself moves with a mutated bound and catches
+nothing. So the bound of every element of a small graph is derived here a second time, from
+the formula of :mod:`fovi_ref.check.tolerances` in exact rational arithmetic
+(:class:`fractions.Fraction`) over plain loops of the operator's definition (no oracle, no
+magnitude module), for every dtype and every quantity, with the cells a narrow path stores and
+without; errors planted just inside and just outside that number pass and fail, and the failing
+verdict names the element.
+
+**Tightness.** A bound may also be too tight: it then fails a correct kernel on another machine
+or in another summation order. The legal computations below use as much of it as one can:
+
+- float16/bfloat16: a sum exact in float32 that lands just below a rounding tie, stored once
+  (wide), plus a cell that lands just below a tie, stored once before the GEMM (narrow): the
+  fovi_ref backends reach a ratio of 0.99 of the bound on both paths;
+- float32: ``N = 1``, a single product whose rounding error is half an ulp (a tie), reaches
+  ``1 - 2^-11`` of ``gamma_1(u) |t|``. For larger ``N`` a float32 sum only reaches its worst
+  case if every rounding errs by half an ulp of the whole magnitude ``M``, in the same
+  direction, which no ordinary data does: the default battery's float32 ratios stay far below 1;
+- float64: the implementation and the oracle round in the same precision, so only a difference
+  of order can separate them, and the rule allows both sides' ``gamma_N(u) M``. Cells binned
+  before the product (``w (x_1 + x_2)`` against ``w x_1 + w x_2``, ``N = 2``) reach more than
+  a quarter of it in a small seeded search (:func:`test_float64_another_order_passes`).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+from fovi_ref import KNNMeta, knn_conv
+from fovi_ref.check.bench.gemm_dtypes import forced
+from fovi_ref.check.check_ops import _first_offender
+from fovi_ref.check.tolerances import (
+    QUANTITIES,
+    error_bound,
+    expected_quantities,
+    gamma,
+    judge_elementwise,
+    vacuous_stores,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ALL = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+# Step 0's constants, written out again: unit roundoff and eta (half the smallest subnormal;
+# float64's smallest subnormal itself) as exact rationals.
+U = {torch.float64: Fraction(1, 2**53), torch.float32: Fraction(1, 2**24),
+     torch.float16: Fraction(1, 2**11), torch.bfloat16: Fraction(1, 2**8)}  # fmt: skip
+ETA = {torch.float64: Fraction(1, 2**1074), torch.float32: Fraction(1, 2**150),
+       torch.float16: Fraction(1, 2**25), torch.bfloat16: Fraction(1, 2**134)}  # fmt: skip
+SIXTEEN = (torch.float16, torch.bfloat16)
+
+# The small graph: Nin = 4, Nout = 3, K = 3, V = 2; input 4 is padding.
+# node 0 reads inputs 0, 1 (cell 0, shared) and 2 (cell 1); node 1 reads 1, 3 (cell 1, shared);
+# node 2 reads input 2 alone (cell 0). Fan-out: input 0 once, 1 twice, 2 twice, 3 once.
+KNN = [[0, 1, 2], [1, 3, 4], [2, 4, 4]]  # [K, Nout]
+RF = [[0, 0, 1], [1, 1, 0], [0, 1, 1]]  # [Nout, K]
+N_IN, V, CIN, COUT, B = 4, 2, 2, 2, 2
+
+
+def small_meta() -> KNNMeta:
+    return KNNMeta.from_knn(torch.tensor(KNN), torch.tensor(RF), n_in=N_IN, in_channels=CIN, v=V)
+
+
+def small_operands(dtype: torch.dtype, zero_x: bool = False):
+    """Quarter-integers in [-1, 1] (exact in every dtype), signs mixed so that sums cancel."""
+    x = torch.tensor([[[(3 * b + 5 * c + 7 * i) % 9 - 4 for i in range(N_IN)] for c in range(CIN)]
+                      for b in range(B)], dtype=torch.float64) / 4  # fmt: skip
+    w = torch.tensor([[(2 * o + 3 * j) % 7 - 3 for j in range(CIN * V)] for o in range(COUT)],
+                     dtype=torch.float64) / 4  # fmt: skip
+    bias = torch.tensor([0.75, -0.5], dtype=torch.float64)
+    gy = torch.tensor([[[(b + 2 * o + 5 * n) % 5 - 2 for n in range(3)] for o in range(COUT)]
+                       for b in range(B)], dtype=torch.float64) / 2  # fmt: skip
+    if zero_x:
+        x = torch.zeros_like(x)
+    return [t.to(dtype) for t in (x, w, bias, gy)]
+
+
+# ------------------------------------------------------------ the bound, derived a second time
+def real_neighbours(n: int):
+    """``(k, input, cell)`` of node ``n``'s real neighbours."""
+    return [(k, KNN[k][n], RF[n][k]) for k in range(len(KNN)) if KNN[k][n] < N_IN]
+
+
+def shared(n: int, v: int) -> bool:
+    """Whether cell ``v`` of node ``n`` holds two or more real neighbours (a narrow path stores
+    it; one alone is copied exactly)."""
+    return sum(cell == v for _, _, cell in real_neighbours(n)) >= 2
+
+
+def exact_sizes(x, w, bias, gy, separate: bool = False) -> dict[str, dict]:
+    """Per quantity, ``{index: (ref, M, N, M_s, h, P)}`` as Fractions, straight from the
+    operator's definition and the rule's list of stores (tolerances step 2 (c)-(e))."""
+    f = [[[Fraction(float(v)) for v in row] for row in mat] for mat in x.double().tolist()]
+    wf = [[Fraction(float(v)) for v in row] for row in w.double().tolist()]
+    bf = [Fraction(float(v)) for v in bias.double().tolist()]
+    gf = [[[Fraction(float(v)) for v in row] for row in mat] for mat in gy.double().tolist()]
+    z = {(b, c, v, n): sum((f[b][c][i] for _, i, cell in real_neighbours(n) if cell == v),
+                           Fraction(0))
+         for b in range(B) for c in range(CIN) for v in range(V) for n in range(3)}  # fmt: skip
+    fan_out = [sum(i == j for n in range(3) for _, j, _ in real_neighbours(n)) for i in range(N_IN)]
+    out = {q: {} for q in QUANTITIES}
+    for b in range(B):
+        for o in range(COUT):
+            for n in range(3):
+                terms = [bf[o]] + [f[b][c][i] * wf[o][c * V + v] for c in range(CIN)
+                                   for _, i, v in real_neighbours(n)]  # fmt: skip
+                m = sum(abs(t) for t in terms)
+                m_s = sum(abs(wf[o][c * V + v]) * abs(z[b, c, v, n]) for c in range(CIN)
+                          for v in range(V) if shared(n, v))  # fmt: skip
+                h, p = 1, 0
+                if separate:  # (d): W x stored before the bias is added
+                    m_s, h, p = m - abs(bf[o]), 1 + (m_s > 0), 1
+                out["y"][b, o, n] = (sum(terms), m, len(terms), m_s, h, p)
+        for c in range(CIN):
+            for i in range(N_IN):
+                terms = [gf[b][o][n] * wf[o][c * V + v] for o in range(COUT) for n in range(3)
+                         for _, j, v in real_neighbours(n) if j == i]  # fmt: skip
+                m = sum(abs(t) for t in terms)
+                out["grad_x"][b, c, i] = (sum(terms), m, len(terms), m, fan_out[i], fan_out[i])
+    for o in range(COUT):
+        for c in range(CIN):
+            for v in range(V):
+                terms = [gf[b][o][n] * f[b][c][i] for b in range(B) for n in range(3)
+                         for _, i, cell in real_neighbours(n) if cell == v]  # fmt: skip
+                m_s = sum(abs(gf[b][o][n]) * abs(z[b, c, v, n]) for b in range(B)
+                          for n in range(3) if shared(n, v))  # fmt: skip
+                m = sum(abs(t) for t in terms)
+                out["grad_weight"][o, c * V + v] = (sum(terms), m, len(terms), m_s, 1, 0)
+        terms = [gf[b][o][n] for b in range(B) for n in range(3)]
+        out["grad_bias"][(o,)] = (sum(terms), sum(abs(t) for t in terms), len(terms), 0, 0, 0)
+    return out
+
+
+def exact_gamma(n: int, u: Fraction) -> Fraction:
+    return n * u / (1 - n * u)
+
+
+def exact_bound(sizes: tuple, dtype: torch.dtype) -> Fraction:
+    """The rule's bound of one element, in exact arithmetic::
+
+        one precision:  gamma_N(u) M + N eta
+        16-bit:         u |ref| + eta (1 + P)
+                        + (1 + u) [gamma_h(u) M_s + (1 + gamma_h(u)) gamma_N(u32) M + N eta32]
+
+    each plus the oracle's own ``gamma_N(u64) M + N eta64``; ``h = 1`` where ``h > 1`` stores
+    would allow ``gamma_h(u) M_s >= M``."""
+    ref, m, n, m_s, h, p = sizes
+    u, eta = U[dtype], ETA[dtype]
+    oracle = exact_gamma(n, U[torch.float64]) * m + n * ETA[torch.float64]
+    if dtype not in SIXTEEN:
+        return exact_gamma(n, u) * m + n * eta + oracle
+    if h > 1 and exact_gamma(h, u) * m_s >= m:
+        h = 1
+    g_h = exact_gamma(h, u)
+    u32, eta32 = U[torch.float32], ETA[torch.float32]
+    inner = g_h * m_s + (1 + g_h) * exact_gamma(n, u32) * m + n * eta32
+    return u * abs(ref) + eta * (1 + p) + (1 + u) * inner + oracle
+
+
+def close(got: float, want: Fraction) -> bool:
+    """``got`` (a float64 evaluation of a handful of operations) within ``2^-45`` of ``want``,
+    relatively: loose for rounding, tight for any changed factor, term or constant."""
+    return abs(Fraction(got) - want) <= abs(want) / 2**45
+
+
+# --------------------------------------------------------------------------------- gamma
+@pytest.mark.parametrize("dtype", ALL, ids=str)
+def test_gamma_is_n_u_over_one_minus_n_u(dtype):
+    u = U[dtype]
+    for n in (0, 1, 2, 3, 7, 100):
+        assert close(float(gamma(n, float(u))), exact_gamma(n, u)), n
+    counts = torch.tensor([[1.0, 5.0], [0.0, 64.0]])  # elementwise, float64 out
+    got = gamma(counts, float(u))
+    assert got.dtype == torch.float64 and got.shape == (2, 2)
+    for n, value in zip(counts.flatten().tolist(), got.flatten().tolist(), strict=True):
+        assert close(value, exact_gamma(int(n), u))
+
+
+def test_gamma_by_hand_at_its_edge():
+    """``gamma_n(u)`` reaches 1 at ``n u = 1/2`` and is infinite from ``n u = 1`` on."""
+    assert float(gamma(1, 2.0**-24)) == 2.0**-24 / (1 - 2.0**-24)
+    assert float(gamma(128, 2.0**-8)) == 1.0
+    assert float(gamma(1024, 2.0**-11)) == 1.0
+    assert float(gamma(255, 2.0**-8)) == 255.0  # (255/256) / (1/256)
+    assert float(gamma(2047, 2.0**-11)) == 2047.0
+    for n, u in ((256, 2.0**-8), (257, 2.0**-8), (2048, 2.0**-11), (2**24, 2.0**-24)):
+        assert math.isinf(float(gamma(n, u))), n
+
+
+# ------------------------------------------------------------------------ the bound itself
+@pytest.mark.parametrize("separate", [False, True], ids=["fused", "separate"])
+@pytest.mark.parametrize("dtype", ALL, ids=str)
+def test_error_bound_is_the_formula_in_exact_arithmetic(dtype, separate):
+    """Every element of every quantity, with shared cells (what narrow stores) and without."""
+    meta = small_meta()
+    x, w, bias, gy = small_operands(dtype)
+    rounding = "separate" if separate else "fused"
+    expected = expected_quantities(x, w, bias, meta, gy, bias_rounding=rounding)
+    sizes = exact_sizes(x, w, bias, gy, separate=separate)
+    assert set(expected) == set(QUANTITIES)
+    for quantity in QUANTITIES:
+        bound = error_bound(expected[quantity], dtype).expand_as(expected[quantity].value)
+        assert bound.dtype == torch.float64
+        assert len(sizes[quantity]) == bound.numel()
+        for index, element in sizes[quantity].items():
+            assert close(float(bound[index]), exact_bound(element, dtype)), (quantity, index)
+            assert close(float(expected[quantity].value[index]), element[0]), (quantity, index)
+
+
+def test_the_small_graph_has_both_kinds_of_cell():
+    """The graph above tests narrow's allowance and its absence: some elements of ``y`` and
+    ``grad_weight`` have shared cells (``M_s > 0``) and some have none, and ``grad_x`` has
+    inputs read once and twice."""
+    sizes = exact_sizes(*small_operands(torch.float32))
+    for quantity in ("y", "grad_weight"):
+        stored = [element[3] for element in sizes[quantity].values()]
+        assert any(s > 0 for s in stored) and any(s == 0 for s in stored), quantity
+    assert {element[4] for element in sizes["grad_x"].values()} == {1, 2}
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=str)
+def test_the_bound_where_every_term_is_zero_is_the_underflow_allowance(dtype):
+    """``x = 0``: ``y`` and ``grad_weight`` have ``M = 0``, and only eta's terms are left."""
+    meta = small_meta()
+    x, w, bias, gy = small_operands(dtype, zero_x=True)
+    bias = torch.zeros_like(bias)
+    expected = expected_quantities(x, w, bias, meta, gy)
+    sizes = exact_sizes(x, w, bias, gy)
+    for quantity in ("y", "grad_weight"):
+        bound = error_bound(expected[quantity], dtype).expand_as(expected[quantity].value)
+        for index, element in sizes[quantity].items():
+            assert element[1] == 0
+            assert close(float(bound[index]), exact_bound(element, dtype)), (quantity, index)
