@@ -219,11 +219,16 @@ def run_job(names: list[str]) -> None:
         if code is None:
             raise SystemExit(f"mutmut has not run {name}: rerun")
         line_no, change = run.change_of(name, source)
-        mutants[name] = {"file": source, "function": function, "line": line_no,
-                         "change": change} | verdict_of(name, code, equivalents)  # fmt: skip
+        mutants[name] = {
+            "file": source,
+            "function": function,
+            "line": line_no,
+            "change": change,
+        } | verdict_of(name, code, equivalents)
     entered = {(m["file"], m["function"]) for m in mutants.values()}
-    missing = [f"{s}::{f}" for s, names_ in FUNCTIONS.items() for f in names_
-               if (s, f) not in entered]  # fmt: skip
+    missing = [
+        f"{s}::{f}" for s, names_ in FUNCTIONS.items() for f in names_ if (s, f) not in entered
+    ]
     if missing:
         raise SystemExit(f"no mutants judged for {missing}")
     record = {
@@ -257,13 +262,24 @@ def table(record: dict) -> str:
     rows = []
     for source, names in FUNCTIONS.items():
         for name in names:
-            verdicts = [m["verdict"] for m in record["mutants"].values()
-                        if (m["file"], m["function"]) == (source, name)]  # fmt: skip
+            verdicts = [
+                m["verdict"]
+                for m in record["mutants"].values()
+                if (m["file"], m["function"]) == (source, name)
+            ]
             killed = sum(v in run.KILLED for v in verdicts)
-            label = f"{Path(source).stem}.{name}" + (" (pending)" if (source, name) in pending
-                                                     else "")  # fmt: skip
-            rows.append([label, len(verdicts), killed, verdicts.count("equivalent"),
-                         verdicts.count("survived")])  # fmt: skip
+            label = f"{Path(source).stem}.{name}" + (
+                " (pending)" if (source, name) in pending else ""
+            )
+            rows.append(
+                [
+                    label,
+                    len(verdicts),
+                    killed,
+                    verdicts.count("equivalent"),
+                    verdicts.count("survived"),
+                ]
+            )
     rows.append(["all", *(sum(r[i] for r in rows) for i in range(1, len(head)))])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
@@ -276,8 +292,11 @@ def score(record: dict) -> dict[str, int]:
     verdicts = Counter(m["verdict"] for m in record["mutants"].values())
     equivalent = verdicts["equivalent"]
     killed = sum(verdicts[v] for v in run.KILLED)
-    return {"killed": killed, "judged": sum(verdicts.values()) - equivalent,
-            "equivalent": equivalent}  # fmt: skip
+    return {
+        "killed": killed,
+        "judged": sum(verdicts.values()) - equivalent,
+        "equivalent": equivalent,
+    }
 
 
 def run_sample(size: int, seed: int) -> int:
@@ -285,8 +304,11 @@ def run_sample(size: int, seed: int) -> int:
     holds as they are now: each must still fail :data:`TESTS`."""
     record = json.loads(RECORD.read_text())
     pending = set(stale_functions(record, current_keys()))
-    killed = sorted(n for n, m in record["mutants"].items()
-                    if m["verdict"] == "killed" and (m["file"], m["function"]) not in pending)  # fmt: skip
+    killed = sorted(
+        n
+        for n, m in record["mutants"].items()
+        if m["verdict"] == "killed" and (m["file"], m["function"]) not in pending
+    )
     prepare_work_folder()
     os.chdir(WORK)  # mutmut generates its mutants/ in the working directory
     run.MUTANTS = MUTANTS  # run.py's helpers work on the mutants/ its MUTANTS names
