@@ -238,3 +238,91 @@ def test_the_bound_where_every_term_is_zero_is_the_underflow_allowance(dtype):
         for index, element in sizes[quantity].items():
             assert element[1] == 0
             assert close(float(bound[index]), exact_bound(element, dtype)), (quantity, index)
+
+
+# ------------------------------------------------------- planted errors, just inside and out
+def planted(expected, index: tuple, error: Fraction) -> torch.Tensor:
+    """The oracle's float64 values with ``error`` added at ``index`` (rounded to float64)."""
+    value = expected.value.clone()
+    value[index] = float(Fraction(float(value[index])) + error)
+    return value
+
+
+def plant_site(sizes: dict, dtype: torch.dtype):
+    """Where to plant: an element with ``M > 0``, one whose ``ref`` is 0 in float64 (whose
+    bound, about ``2^-50 M``, is finer than the spacing of float64 numbers near a nonzero
+    ``ref``: there a planted error is exact), else the element of the largest ``M``."""
+    candidates = [(i, e) for i, e in sizes.items() if e[1] > 0]
+    if dtype == torch.float64:
+        candidates = [(i, e) for i, e in candidates if e[0] == 0]
+    return max(candidates, key=lambda item: item[1][1], default=(None, None))
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=str)
+def test_errors_just_inside_the_derived_bound_pass_and_just_outside_fail(dtype):
+    """Each quantity: ``(1 - 2^-20)`` of the exact bound passes, ``(1 + 2^-20)`` fails, on
+    either side of ``ref``, and the failing verdict names the element. (float64's grad_x and
+    grad_bias have no element with ``ref = 0`` here: their bound is held by the exact
+    comparison above.)"""
+    meta = small_meta()
+    x, w, bias, gy = small_operands(dtype)
+    expected = expected_quantities(x, w, bias, meta, gy)
+    sizes = exact_sizes(x, w, bias, gy)
+    planted_in = 0
+    for quantity in QUANTITIES:
+        index, element = plant_site(sizes[quantity], dtype)
+        if index is None:
+            assert dtype == torch.float64 and quantity in ("grad_x", "grad_bias")
+            continue
+        bound = exact_bound(element, dtype)
+        for sign in (1, -1):
+            inside = planted(expected[quantity], index, sign * bound * (1 - Fraction(1, 2**20)))
+            outside = planted(expected[quantity], index, sign * bound * (1 + Fraction(1, 2**20)))
+            passed = judge_elementwise(inside, expected[quantity], dtype=dtype, any_dtype=True)
+            failed = judge_elementwise(outside, expected[quantity], dtype=dtype, any_dtype=True)
+            assert passed.ok and 1 - 2**-19 < passed.ratio <= 1, (quantity, sign, passed)
+            assert not failed.ok and 1 < failed.ratio < 1 + 2**-19, (quantity, sign, failed)
+            assert failed.worst_index == index, (quantity, failed)
+            assert f"at {list(index)}" in str(failed) and str(failed).startswith("FAIL")
+            assert failed.worst_error == pytest.approx(float(bound), rel=2**-18)
+            assert failed.worst_bound == pytest.approx(float(bound), rel=2**-40)
+            planted_in += 1
+    assert planted_in == (4 if dtype == torch.float64 else 8)
+
+
+def test_an_error_exactly_at_the_bound_passes():
+    """``error <= bound`` passes with equality: an element of ``y`` with ``ref = 0`` moved by
+    exactly its bound (the library's own, the one comparison here that needs it)."""
+    meta = small_meta()
+    x, w, bias, gy = small_operands(torch.float32)
+    expected = expected_quantities(x, w, bias, meta, gy)["y"]
+    index = (0, 0, 2)  # ref 0, M = 3/2
+    assert float(expected.value[index]) == 0.0
+    value = expected.value.clone()
+    value[index] = error_bound(expected, torch.float32).expand_as(value)[index]
+    verdict = judge_elementwise(value, expected, dtype=torch.float32, any_dtype=True)
+    assert verdict.ok and verdict.ratio == 1.0 and verdict.worst_index == index
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=str)
+def test_an_element_with_no_term(dtype):
+    """An all-padding node without a bias has no term (``N = 0``, ``ref = 0``). In float32 and
+    float64 its bound is 0: one off by the smallest subnormal fails with an infinite ratio and
+    is named, exact it passes with ratio 0. In 16 bits the output's store may still underflow:
+    its bound is ``eta``."""
+    meta = KNNMeta.from_knn(torch.tensor([[0, 2]]), torch.zeros(2, 1, dtype=torch.int64),
+                            n_in=2, in_channels=1, v=1)  # fmt: skip
+    x = torch.tensor([[[1.0, 0.5]]], dtype=dtype)
+    w = torch.ones(1, 1, dtype=dtype)
+    expected = expected_quantities(x, w, None, meta, torch.ones(1, 1, 2, dtype=dtype))["y"]
+    bound = error_bound(expected, dtype).expand_as(expected.value)
+    exact = judge_elementwise(expected.value.clone(), expected, dtype=dtype, any_dtype=True)
+    assert exact.ok and exact.ratio == 0.0
+    if dtype in SIXTEEN:
+        assert float(bound[0, 0, 1]) == float(ETA[dtype])
+        return
+    assert float(bound[0, 0, 1]) == 0.0
+    value = expected.value.clone()
+    value[0, 0, 1] = 2.0**-1074
+    verdict = judge_elementwise(value, expected, dtype=dtype, any_dtype=True)
+    assert not verdict.ok and math.isinf(verdict.ratio) and verdict.worst_index == (0, 0, 1)
