@@ -33,7 +33,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from fovi_ref import KNNMeta, knn_conv
+from fovi_ref import KNNMeta, get_ops, knn_conv
 from fovi_ref.check.bench.gemm_dtypes import forced
 from fovi_ref.check.check_ops import _first_offender
 from fovi_ref.check.tolerances import (
@@ -326,3 +326,117 @@ def test_an_element_with_no_term(dtype):
     value[0, 0, 1] = 2.0**-1074
     verdict = judge_elementwise(value, expected, dtype=dtype, any_dtype=True)
     assert not verdict.ok and math.isinf(verdict.ratio) and verdict.worst_index == (0, 0, 1)
+
+
+# -------------------------------------------------- tightness: legal computations must pass
+BACKENDS = ("general", "gather_gemm", "einsum_baseline")
+
+
+def backends_for(meta: KNNMeta) -> list[str]:
+    """The fovi_ref backends that take ``meta`` (gather_gemm takes K = V = 1 only)."""
+    return [b for b in BACKENDS if getattr(get_ops(b), "supports", lambda m: True)(meta)]
+
+
+def just_below_a_tie(dtype: torch.dtype) -> float:
+    """``t = u - 2 u^2``: ``1 + t`` is exact in float32 and rounds down to 1 in ``dtype``, an
+    error of ``t``, just below the tie at ``u`` (``t`` itself is exact in ``dtype``)."""
+    u = float(U[dtype])
+    return u - 2 * u * u
+
+
+def one_node(cells: list[int]) -> KNNMeta:
+    """One node reading inputs ``0..K-1``, neighbour ``k`` in cell ``cells[k]``."""
+    k = len(cells)
+    knn = torch.arange(k)[:, None]  # [K, 1]
+    return KNNMeta.from_knn(knn, torch.tensor([cells]), n_in=k, in_channels=1, v=max(cells) + 1)
+
+
+def judged_y(backend: str, gemms: str, meta, x, w) -> float:
+    """``y``'s worst ratio for ``backend`` with its 16-bit GEMMs forced ``gemms``; it must pass."""
+    gy = torch.ones(1, 1, meta.n_out, dtype=x.dtype)
+    expected = expected_quantities(x, w, None, meta, gy)["y"]
+    with forced(gemms):
+        y = knn_conv(x, w, None, meta, backend=backend)
+    verdict = judge_elementwise(y, expected)
+    assert verdict.ok, (backend, gemms, verdict)
+    return verdict.ratio
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN, ids=str)
+def test_16_bit_results_rounded_just_below_a_tie_use_the_whole_bound(dtype):
+    """Wide and narrow alike. Two neighbours in two cells, ``y = 1 + t`` (:func:`just_below_a_tie`)
+    summed exactly in float32 and rounded once: error ``t``, bound ``u |ref| + gamma_2(u32) M``;
+    every backend on either path uses ``0.98`` of it. A rule without ``u |ref|``, or with ``u``
+    of a shorter dtype, fails them."""
+    t = just_below_a_tie(dtype)
+    meta = one_node([0, 1])
+    x = torch.tensor([[[1.0, t]]], dtype=dtype)
+    w = torch.ones(1, 2, dtype=dtype)
+    for backend in backends_for(meta):
+        for gemms in ("wide", "narrow"):
+            assert judged_y(backend, gemms, meta, x, w) > 0.98, (backend, gemms)
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN, ids=str)
+def test_16_bit_narrow_cells_stored_just_below_a_tie_use_the_whole_bound(dtype):
+    """Narrow: inputs 0 and 1 share cell 0, ``z = 1 + t`` stored once (to 1, an error of
+    ``t``), input 2 alone in cell 1 adds ``t``; ``1 + t`` is rounded once more, to 1. The error
+    ``2 t`` is both stores' (``u |ref| + u |w| |z|``): narrow uses ``0.98`` of the bound, and a
+    rule without the allowance for a stored cell fails it."""
+    t = just_below_a_tie(dtype)
+    meta = one_node([0, 0, 1])
+    x = torch.tensor([[[1.0, t, t]]], dtype=dtype)
+    w = torch.ones(1, 2, dtype=dtype)
+    ratios = {backend: judged_y(backend, "narrow", meta, x, w) for backend in backends_for(meta)}
+    for backend in backends_for(meta):
+        judged_y(backend, "wide", meta, x, w)
+    assert ratios["general"] > 0.98 and ratios["einsum_baseline"] > 0.98, ratios
+
+
+def test_16_bit_cells_with_large_partial_sums_pass():
+    """A cell ``A + s - A`` whose float32 partial sum ``A + s`` rounds (``s`` below half an ulp
+    of ``A`` in float32), stored once: the partial sums are far larger than the cell, which the
+    rule pays for with ``gamma_3(u32) M`` (``M = 2 A + s``), not with ``u |z|``. Every backend
+    passes on both paths, whichever order it adds the three in."""
+    meta = one_node([0, 0, 0])
+    for dtype, big, small in ((torch.float16, 2.0**15, 2.0**-10), (torch.bfloat16, 2.0**26, 0.75)):
+        x = torch.tensor([[[big, small, -big]]], dtype=dtype)
+        w = torch.ones(1, 1, dtype=dtype)
+        for backend in backends_for(meta):
+            for gemms in ("wide", "narrow"):
+                judged_y(backend, gemms, meta, x, w)
+
+
+def test_float32_one_product_rounded_at_a_tie_uses_the_whole_bound():
+    """``N = 1``: ``y = x w`` with ``x = w = 1 + 2^-12``, whose exact product
+    ``1 + 2^-11 + 2^-24`` is a tie in float32 (an error of ``u``, rounded to even): the error is
+    ``gamma_1(u) |t| (1 - u) / (1 + 2^-11)``, ``0.9995`` of the bound. float32's worst case is
+    reached where ``N`` is small; a rule with ``gamma_{N-1}`` or ``u / 2`` fails it."""
+    meta = one_node([0])
+    x = torch.tensor([[[1 + 2.0**-12]]], dtype=torch.float32)
+    w = torch.tensor([[1 + 2.0**-12]], dtype=torch.float32)
+    for backend in backends_for(meta):
+        assert judged_y(backend, "wide", meta, x, w) > 0.999, backend
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_another_summation_order_passes(dtype):
+    """One cell of two neighbours, ``N = 2``: the oracle adds ``w x_0 + w x_1``, a binning
+    implementation computes ``w (x_0 + x_1)``, each a legal order. The worst of a seeded search
+    over 2^14 draws (elementwise IEEE operations, the same on every machine) uses more than
+    half the bound, the oracle's own ``gamma_N(u64) M`` included: 0.75 in float64, 0.94 in
+    float32. A float64 rule without the oracle's term fails it; the backends pass it."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 2**14, generator=g, dtype=torch.float64).to(dtype)  # [2, draws]
+    w = torch.randn(2**14, generator=g, dtype=torch.float64).to(dtype)  # [draws]
+    binned = w * (x[0] + x[1])  # [draws], two roundings per term
+    exact = w.double() * x[0].double() + w.double() * x[1].double()  # within float64's own
+    worst = int(((binned.double() - exact).abs() / (w.double().abs() * x.double().abs().sum(0)))
+                .argmax())  # fmt: skip
+    meta = one_node([0, 0])
+    xs, ws = x[:, worst].reshape(1, 1, 2), w[worst].reshape(1, 1)
+    expected = expected_quantities(xs, ws, None, meta, torch.ones(1, 1, 1, dtype=dtype))["y"]
+    verdict = judge_elementwise(binned[worst].reshape(1, 1, 1), expected)
+    assert verdict.ok and verdict.ratio > 0.5, verdict
+    for backend in backends_for(meta):
+        assert judge_elementwise(knn_conv(xs, ws, None, meta, backend=backend), expected).ok

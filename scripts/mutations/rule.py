@@ -49,6 +49,7 @@ from mutmut.stats import status_by_exit_code
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import keys  # noqa: E402  (the scripts beside this one are not a package)
+import rule_order  # noqa: E402
 import run  # noqa: E402
 
 ROOT = run.ROOT
@@ -80,13 +81,8 @@ FUNCTIONS = {
 }
 """The rule's functions, by file: every mutant of these is judged."""
 
-TESTS = [
-    "tests/test_tolerance_rule.py",
-    "tests/test_tolerances.py",
-    "tests/test_testing_check_ops.py",
-    "tests/test_battery.py",
-]
-"""The judge: the harness's own tests."""
+TESTS = rule_order.TESTS
+"""The judge: the harness's own tests, run quickest first (:mod:`rule_order`)."""
 SLOW = [
     "tests/test_testing_check_ops.py::test_fovi_ref_backends_pass",
     "tests/test_testing_check_ops.py::test_einsum_baseline_differs_only_where_fovis_path_makes_inf_or_nan",
@@ -104,7 +100,7 @@ def mutmut_config() -> str:
     """The work folder's ``[tool.mutmut]``: the rule's files only, judged by :data:`TESTS`."""
     only = ", ".join(f'"{f}"' for f in FUNCTIONS)
     tests = ", ".join(f'"{t}"' for t in TESTS)
-    deselect = ", ".join(f'"--deselect", "{t}"' for t in SLOW)
+    args = ", ".join(f'"--deselect", "{t}"' for t in SLOW)
     return f"""[tool.mutmut]
 source_paths = ["fovi_ref"]
 only_mutate = [{only}]
@@ -112,7 +108,7 @@ only_mutate = [{only}]
 do_not_mutate_patterns = ['^\\s*raise ']
 also_copy = ["scripts"]
 pytest_add_cli_args_test_selection = [{tests}]
-pytest_add_cli_args = [{deselect}]
+pytest_add_cli_args = ["-p", "scripts.mutations.rule_order", {args}]
 process_isolation = "forkserver"
 # A mutant is stopped after (E + 60) s of wall time, E the clean time of the tests that call
 # its function: one that makes a test loop forever is cut off, none that merely runs is.
