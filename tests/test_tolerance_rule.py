@@ -50,10 +50,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 ALL = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 # Step 0's constants, written out again: unit roundoff and eta (half the smallest subnormal;
 # float64's smallest subnormal itself) as exact rationals.
-U = {torch.float64: Fraction(1, 2**53), torch.float32: Fraction(1, 2**24),
-     torch.float16: Fraction(1, 2**11), torch.bfloat16: Fraction(1, 2**8)}  # fmt: skip
-ETA = {torch.float64: Fraction(1, 2**1074), torch.float32: Fraction(1, 2**150),
-       torch.float16: Fraction(1, 2**25), torch.bfloat16: Fraction(1, 2**134)}  # fmt: skip
+U = {
+    torch.float64: Fraction(1, 2**53),
+    torch.float32: Fraction(1, 2**24),
+    torch.float16: Fraction(1, 2**11),
+    torch.bfloat16: Fraction(1, 2**8),
+}
+ETA = {
+    torch.float64: Fraction(1, 2**1074),
+    torch.float32: Fraction(1, 2**150),
+    torch.float16: Fraction(1, 2**25),
+    torch.bfloat16: Fraction(1, 2**134),
+}
 SIXTEEN = (torch.float16, torch.bfloat16)
 
 # The small graph: Nin = 4, Nout = 3, K = 3, V = 2; input 4 is padding.
@@ -70,13 +78,34 @@ def small_meta() -> KNNMeta:
 
 def small_operands(dtype: torch.dtype, zero_x: bool = False):
     """Quarter-integers in [-1, 1] (exact in every dtype), signs mixed so that sums cancel."""
-    x = torch.tensor([[[(3 * b + 5 * c + 7 * i) % 9 - 4 for i in range(N_IN)] for c in range(CIN)]
-                      for b in range(B)], dtype=torch.float64) / 4  # fmt: skip
-    w = torch.tensor([[(2 * o + 3 * j) % 7 - 3 for j in range(CIN * V)] for o in range(COUT)],
-                     dtype=torch.float64) / 4  # fmt: skip
+    x = (
+        torch.tensor(
+            [
+                [[(3 * b + 5 * c + 7 * i) % 9 - 4 for i in range(N_IN)] for c in range(CIN)]
+                for b in range(B)
+            ],
+            dtype=torch.float64,
+        )
+        / 4
+    )
+    w = (
+        torch.tensor(
+            [[(2 * o + 3 * j) % 7 - 3 for j in range(CIN * V)] for o in range(COUT)],
+            dtype=torch.float64,
+        )
+        / 4
+    )
     bias = torch.tensor([0.75, -0.5], dtype=torch.float64)
-    gy = torch.tensor([[[(b + 2 * o + 5 * n) % 5 - 2 for n in range(3)] for o in range(COUT)]
-                       for b in range(B)], dtype=torch.float64) / 2  # fmt: skip
+    gy = (
+        torch.tensor(
+            [
+                [[(b + 2 * o + 5 * n) % 5 - 2 for n in range(3)] for o in range(COUT)]
+                for b in range(B)
+            ],
+            dtype=torch.float64,
+        )
+        / 2
+    )
     if zero_x:
         x = torch.zeros_like(x)
     return [t.to(dtype) for t in (x, w, bias, gy)]
@@ -101,36 +130,63 @@ def exact_sizes(x, w, bias, gy, separate: bool = False) -> dict[str, dict]:
     wf = [[Fraction(float(v)) for v in row] for row in w.double().tolist()]
     bf = [Fraction(float(v)) for v in bias.double().tolist()]
     gf = [[[Fraction(float(v)) for v in row] for row in mat] for mat in gy.double().tolist()]
-    z = {(b, c, v, n): sum((f[b][c][i] for _, i, cell in real_neighbours(n) if cell == v),
-                           Fraction(0))
-         for b in range(B) for c in range(CIN) for v in range(V) for n in range(3)}  # fmt: skip
+    z = {
+        (b, c, v, n): sum(
+            (f[b][c][i] for _, i, cell in real_neighbours(n) if cell == v), Fraction(0)
+        )
+        for b in range(B)
+        for c in range(CIN)
+        for v in range(V)
+        for n in range(3)
+    }
     fan_out = [sum(i == j for n in range(3) for _, j, _ in real_neighbours(n)) for i in range(N_IN)]
     out = {q: {} for q in QUANTITIES}
     for b in range(B):
         for o in range(COUT):
             for n in range(3):
-                terms = [bf[o]] + [f[b][c][i] * wf[o][c * V + v] for c in range(CIN)
-                                   for _, i, v in real_neighbours(n)]  # fmt: skip
+                terms = [bf[o]] + [
+                    f[b][c][i] * wf[o][c * V + v]
+                    for c in range(CIN)
+                    for _, i, v in real_neighbours(n)
+                ]
                 m = sum(abs(t) for t in terms)
-                m_s = sum(abs(wf[o][c * V + v]) * abs(z[b, c, v, n]) for c in range(CIN)
-                          for v in range(V) if shared(n, v))  # fmt: skip
+                m_s = sum(
+                    abs(wf[o][c * V + v]) * abs(z[b, c, v, n])
+                    for c in range(CIN)
+                    for v in range(V)
+                    if shared(n, v)
+                )
                 h, p = 1, 0
                 if separate:  # (d): W x stored before the bias is added
                     m_s, h, p = m - abs(bf[o]), 1 + (m_s > 0), 1
                 out["y"][b, o, n] = (sum(terms), m, len(terms), m_s, h, p)
         for c in range(CIN):
             for i in range(N_IN):
-                terms = [gf[b][o][n] * wf[o][c * V + v] for o in range(COUT) for n in range(3)
-                         for _, j, v in real_neighbours(n) if j == i]  # fmt: skip
+                terms = [
+                    gf[b][o][n] * wf[o][c * V + v]
+                    for o in range(COUT)
+                    for n in range(3)
+                    for _, j, v in real_neighbours(n)
+                    if j == i
+                ]
                 m = sum(abs(t) for t in terms)
                 out["grad_x"][b, c, i] = (sum(terms), m, len(terms), m, fan_out[i], fan_out[i])
     for o in range(COUT):
         for c in range(CIN):
             for v in range(V):
-                terms = [gf[b][o][n] * f[b][c][i] for b in range(B) for n in range(3)
-                         for _, i, cell in real_neighbours(n) if cell == v]  # fmt: skip
-                m_s = sum(abs(gf[b][o][n]) * abs(z[b, c, v, n]) for b in range(B)
-                          for n in range(3) if shared(n, v))  # fmt: skip
+                terms = [
+                    gf[b][o][n] * f[b][c][i]
+                    for b in range(B)
+                    for n in range(3)
+                    for _, i, cell in real_neighbours(n)
+                    if cell == v
+                ]
+                m_s = sum(
+                    abs(gf[b][o][n]) * abs(z[b, c, v, n])
+                    for b in range(B)
+                    for n in range(3)
+                    if shared(n, v)
+                )
                 m = sum(abs(t) for t in terms)
                 out["grad_weight"][o, c * V + v] = (sum(terms), m, len(terms), m_s, 1, 0)
         terms = [gf[b][o][n] for b in range(B) for n in range(3)]
@@ -310,8 +366,9 @@ def test_an_element_with_no_term(dtype):
     float64 its bound is 0: one off by the smallest subnormal fails with an infinite ratio and
     is named, exact it passes with ratio 0. In 16 bits the output's store may still underflow:
     its bound is ``eta``."""
-    meta = KNNMeta.from_knn(torch.tensor([[0, 2]]), torch.zeros(2, 1, dtype=torch.int64),
-                            n_in=2, in_channels=1, v=1)  # fmt: skip
+    meta = KNNMeta.from_knn(
+        torch.tensor([[0, 2]]), torch.zeros(2, 1, dtype=torch.int64), n_in=2, in_channels=1, v=1
+    )
     x = torch.tensor([[[1.0, 0.5]]], dtype=dtype)
     w = torch.ones(1, 1, dtype=dtype)
     expected = expected_quantities(x, w, None, meta, torch.ones(1, 1, 2, dtype=dtype))["y"]
@@ -431,8 +488,9 @@ def test_another_summation_order_passes(dtype):
     w = torch.randn(2**14, generator=g, dtype=torch.float64).to(dtype)  # [draws]
     binned = w * (x[0] + x[1])  # [draws], two roundings per term
     exact = w.double() * x[0].double() + w.double() * x[1].double()  # within float64's own
-    worst = int(((binned.double() - exact).abs() / (w.double().abs() * x.double().abs().sum(0)))
-                .argmax())  # fmt: skip
+    worst = int(
+        ((binned.double() - exact).abs() / (w.double().abs() * x.double().abs().sum(0))).argmax()
+    )
     meta = one_node([0, 0])
     xs, ws = x[:, worst].reshape(1, 1, 2), w[worst].reshape(1, 1)
     expected = expected_quantities(xs, ws, None, meta, torch.ones(1, 1, 1, dtype=dtype))["y"]
@@ -440,3 +498,112 @@ def test_another_summation_order_passes(dtype):
     assert verdict.ok and verdict.ratio > 0.5, verdict
     for backend in backends_for(meta):
         assert judge_elementwise(knn_conv(xs, ws, None, meta, backend=backend), expected).ok
+
+
+# ------------------------------------------------------------- where h stores are vacuous
+@pytest.mark.parametrize("dtype,edge", [(torch.bfloat16, 128), (torch.float16, 1024)], ids=str)
+def test_grad_x_of_a_hub_at_the_edge_of_vacuous_stores(dtype, edge):
+    """One input read by ``F`` nodes: ``gamma_F(u) M >= M`` from ``F u = 1/2`` on, exactly
+    ``F = edge``. Below it the bound allows ``F`` stores, from it on one; both by hand."""
+    for readers in (edge - 1, edge):
+        meta = KNNMeta.from_knn(
+            torch.zeros(1, readers, dtype=torch.int64),
+            torch.zeros(readers, 1, dtype=torch.int64),
+            n_in=1,
+            in_channels=1,
+            v=1,
+        )
+        x = torch.ones(1, 1, 1, dtype=dtype)
+        w = torch.full((1, 1), 0.5, dtype=dtype)
+        gy = torch.ones(1, 1, readers, dtype=dtype)
+        expected = expected_quantities(x, w, None, meta, gy)["grad_x"]
+        m = Fraction(readers, 2)
+        sizes = (m, m, readers, m, readers, readers)  # ref = M_s = M, h = P = F
+        assert bool(vacuous_stores(expected, dtype).all()) == (readers == edge)
+        assert not vacuous_stores(expected, torch.float32).any()
+        assert close(float(error_bound(expected, dtype)), exact_bound(sizes, dtype)), readers
+        if readers == edge:  # h = 1: a bound far below M, and a zeroed gradient fails
+            assert float(error_bound(expected, dtype)) < float(m) / 64
+            verdict = judge_elementwise(torch.zeros(1, 1, 1, dtype=dtype), expected)  # error M
+            assert not verdict.ok and "1 elements judged with h = 1" in verdict.notes[0]
+
+
+# --------------------------------------------------------------- what a verdict reports
+def test_the_first_offender_is_named_by_its_full_index():
+    """check_ops' exact checks name the first offending element, the last axis mapped back to
+    the node or input it stands for."""
+    bad = torch.zeros(2, 3, 4, dtype=torch.bool)
+    bad[1, 2, 3] = True
+    bad[1, 0, 2] = True  # first in row-major order
+    assert _first_offender(bad, torch.tensor([5, 7, 9, 11])) == (1, 0, 9)
+    only = torch.zeros(1, 1, 2, dtype=torch.bool)
+    only[0, 0, 0] = True
+    assert _first_offender(only, torch.tensor([3, 4])) == (0, 0, 3)
+
+
+def test_a_verdict_of_the_wrong_shape_fails_and_says_so():
+    meta = small_meta()
+    x, w, bias, gy = small_operands(torch.float32)
+    expected = expected_quantities(x, w, bias, meta, gy)["y"]
+    verdict = judge_elementwise(torch.zeros(2, 2, 2), expected)
+    assert not verdict.ok and math.isinf(verdict.ratio) and verdict.worst_index is None
+    assert verdict.notes == ("shape (2, 2, 2), expected (2, 2, 3)",)
+
+
+def test_a_verdict_names_the_worst_element_and_its_figures():
+    """Two planted errors: the verdict names the larger ratio's element with its error, bound,
+    ref, magnitude and value; the baseline's figures are reported beside it."""
+    meta = small_meta()
+    x, w, bias, gy = small_operands(torch.bfloat16)
+    expected = expected_quantities(x, w, bias, meta, gy)["grad_weight"]
+    sizes = exact_sizes(x, w, bias, gy)["grad_weight"]
+    value = expected.value.clone()
+    value[0, 1] += float(exact_bound(sizes[0, 1], torch.bfloat16)) * 0.5
+    value[1, 2] -= float(exact_bound(sizes[1, 2], torch.bfloat16)) * 3
+    baseline = expected.value.clone()
+    baseline[0, 0] += float(exact_bound(sizes[0, 0], torch.bfloat16)) * 0.25
+    verdict = judge_elementwise(
+        value, expected, dtype=torch.bfloat16, any_dtype=True, baseline=baseline
+    )
+    ref, m = sizes[1, 2][:2]
+    assert not verdict.ok and verdict.worst_index == (1, 2)
+    assert verdict.ratio == pytest.approx(3, rel=1e-9)
+    assert verdict.worst_ref == float(ref) and verdict.worst_magnitude == float(m)
+    assert verdict.worst_value == float(value[1, 2])
+    assert verdict.worst_bound == pytest.approx(float(exact_bound(sizes[1, 2], torch.bfloat16)))
+    assert verdict.worst_error == pytest.approx(3 * verdict.worst_bound)
+    assert verdict.max_abs_error == pytest.approx(verdict.worst_error)
+    assert verdict.baseline_ratio == pytest.approx(0.25, rel=1e-9)
+    assert verdict.baseline_max_abs_error == pytest.approx(
+        float(exact_bound(sizes[0, 0], torch.bfloat16)) * 0.25
+    )
+    assert verdict.quantity == "grad_weight" and verdict.dtype == torch.bfloat16
+    assert verdict.nonfinite_mismatches == 0 and verdict.notes == ("returned float64",)
+    exact = judge_elementwise(expected.value.to(torch.bfloat16), expected)
+    assert exact.ok and exact.ratio == 0.0 and exact.max_abs_error == 0.0
+    assert exact.worst_index == tuple(
+        int(i) for i in torch.unravel_index(error_bound(expected, torch.bfloat16).argmax(), (2, 4))
+    )  # nothing off: the element of the largest bound
+
+
+def test_a_nonfinite_mismatch_is_named_where_every_ratio_passes():
+    meta = small_meta()
+    x, w, bias, gy = small_operands(torch.float32)
+    expected = expected_quantities(x, w, bias, meta, gy)["y"]
+    value = expected.value.clone()
+    value[1, 0, 1] = math.nan
+    value[1, 1, 2] = math.inf
+    verdict = judge_elementwise(value, expected, dtype=torch.float32, any_dtype=True)
+    assert not verdict.ok and verdict.nonfinite_mismatches == 2
+    assert verdict.worst_index == (1, 0, 1) and verdict.ratio == 0.0
+    assert "2 non-finite mismatches" in str(verdict)
+
+
+def test_an_empty_quantity_passes_with_nothing_to_name():
+    meta = small_meta()
+    x, w, bias, gy = small_operands(torch.float32)
+    x, gy = x[:0], gy[:0]  # batch 0
+    expected = expected_quantities(x, w, bias, meta, gy)["y"]
+    verdict = judge_elementwise(expected.value.float(), expected)
+    assert verdict.ok and verdict.worst_index is None and verdict.ratio == 0.0
+    assert (verdict.worst_error, verdict.worst_bound, verdict.max_abs_error) == (0.0, 0.0, 0.0)
