@@ -607,3 +607,94 @@ def test_an_empty_quantity_passes_with_nothing_to_name():
     verdict = judge_elementwise(expected.value.float(), expected)
     assert verdict.ok and verdict.worst_index is None and verdict.ratio == 0.0
     assert (verdict.worst_error, verdict.worst_bound, verdict.max_abs_error) == (0.0, 0.0, 0.0)
+
+
+# ---------------------------------------------------- check_ops' exact padding comparisons
+class Delegating:
+    """An ops object outside the registry that computes what ``general`` does."""
+
+    name = "delegating"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        return get_ops("general").forward(meta, x, weight, bias)
+
+    @staticmethod
+    def grad_input(meta, grad_y, weight):
+        return get_ops("general").grad_input(meta, grad_y, weight)
+
+    @staticmethod
+    def grad_weight(meta, grad_y, x):
+        return get_ops("general").grad_weight(meta, grad_y, x)
+
+
+class GradientToUnread(Delegating):
+    """Sends a gradient of 2^-30 to the inputs no neighbour reads."""
+
+    name = "gradient_to_unread"
+
+    @staticmethod
+    def grad_input(meta, grad_y, weight):
+        grad_x = Delegating.grad_input(meta, grad_y, weight).clone()
+        unread = torch.ones(meta.n_in, dtype=torch.bool)
+        unread[meta.knn[~meta.pad_mask]] = False
+        grad_x[:, :, unread] += 2.0**-30
+        return grad_x
+
+
+class BiasOffAtEmptyNodes(Delegating):
+    """Outputs of all-padding nodes one part in 2^20 off their bias."""
+
+    name = "bias_off_at_empty_nodes"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        y = Delegating.forward(meta, x, weight, bias)
+        return torch.where(meta.pad_mask.all(dim=0), y * (1 + 2.0**-20), y)
+
+
+def padding_rows(ops, knn: list[list[int]], n_in: int):
+    """check_ops' ``padding`` rows for ``ops`` on a one-cell graph, in float32."""
+    from fovi_ref.check.check_ops import check_ops
+    from fovi_ref.check.graphs import TestGraph
+
+    knn = torch.tensor(knn)  # [K, Nout]
+    meta = KNNMeta.from_knn(
+        knn,
+        torch.zeros(knn.shape[1], knn.shape[0], dtype=torch.int64),
+        n_in=n_in,
+        in_channels=2,
+        v=1,
+    )
+    graph = TestGraph("padding_case", meta, 2)
+    report = check_ops(ops, graphs=[graph], dtypes=[torch.float32], checks=["padding"])
+    return report.rows
+
+
+def test_the_padding_check_runs_where_an_input_is_unread_and_no_node_is_empty():
+    """Input 2 is read by nobody, every node reads something: a gradient sent to input 2, far
+    within any bound, fails by the exact rule and names the element; ``general`` passes."""
+    knn = [[0, 1]]  # node 0 reads input 0, node 1 input 1; input 2 unread
+    assert all(r.ok and r.note != "nothing to test" for r in padding_rows("general", knn, 3))
+    failed = [r for r in padding_rows(GradientToUnread, knn, 3) if not r.ok]
+    assert [(r.check, r.quantity) for r in failed] == [("padding", "grad_x")]
+    assert failed[0].index == (0, 0, 2) and math.isinf(failed[0].ratio) and failed[0].bound == 0
+    assert failed[0].value == 2.0**-30 and failed[0].oracle == 0.0
+    assert failed[0].note.startswith("unread inputs get a gradient")
+
+
+def test_the_padding_check_runs_where_a_node_is_empty_and_every_input_is_read():
+    """Node 2 reads only padding, inputs 0 and 1 are read: its output must be exactly the
+    bias; one part in 2^20 off fails by the exact rule and names the element."""
+    knn = [[0, 1, 2]]  # input 2 is padding here (n_in = 2): node 2 is all padding
+    assert all(r.ok and r.note != "nothing to test" for r in padding_rows("general", knn, 2))
+    failed = [r for r in padding_rows(BiasOffAtEmptyNodes, knn, 2) if not r.ok]
+    assert [(r.check, r.quantity) for r in failed] == [("padding", "y")]
+    assert failed[0].index == (0, 0, 2) and math.isinf(failed[0].ratio) and failed[0].bound == 0
+    assert failed[0].value != failed[0].oracle
+    assert failed[0].note.startswith("all-padding outputs are not exactly the bias")
+
+
+def test_the_padding_check_has_nothing_to_test_where_nothing_is_padding():
+    (row,) = padding_rows(GradientToUnread, [[0, 1]], 2)
+    assert (row.check, row.ok, row.note) == ("padding", True, "nothing to test")
