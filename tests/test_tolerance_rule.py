@@ -704,3 +704,17 @@ def test_the_padding_check_runs_where_a_node_is_empty_and_every_input_is_read():
 def test_the_padding_check_has_nothing_to_test_where_nothing_is_padding():
     (row,) = padding_rows(GradientToUnread, [[0, 1]], 2)
     assert (row.check, row.ok, row.note) == ("padding", True, "nothing to test")
+
+
+class RaisesInForward(Delegating):
+    name = "raises_in_forward"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        raise RuntimeError("no forward")
+
+
+def test_a_backend_that_raises_in_the_padding_check_fails_one_row_that_says_so():
+    (row,) = padding_rows(RaisesInForward, [[0, 1]], 3)
+    assert (row.check, row.quantity, row.ok) == ("padding", "all", False)
+    assert row.note == "raised RuntimeError: no forward"
