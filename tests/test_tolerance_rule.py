@@ -718,3 +718,4 @@ def test_a_backend_that_raises_in_the_padding_check_fails_one_row_that_says_so()
     (row,) = padding_rows(RaisesInForward, [[0, 1]], 3)
     assert (row.check, row.quantity, row.ok) == ("padding", "all", False)
     assert row.note == "raised RuntimeError: no forward"
+
