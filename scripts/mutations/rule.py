@@ -210,60 +210,89 @@ def verdict_of(name: str, code: int | None, equivalents: dict[str, str]) -> dict
     return {"verdict": "survived"} | ({"note": "no test calls it"} if code == 33 else {})
 
 
-def run_job(names: list[str]) -> None:
-    """mutmut on the stale functions' mutants (or on ``names``), then the record: the functions
-    judged now and the last record's lines of the others that still hold."""
-    start = time.monotonic()
+def load_record() -> dict:
+    """The last record, or nothing where another mutmut made it (it numbers mutants otherwise)."""
     previous = json.loads(RECORD.read_text()) if RECORD.exists() else {}
-    if previous.get("tool") != f"mutmut {version('mutmut')}":
-        previous = {}  # another mutmut numbers mutants otherwise: nothing of the record holds
-    now = current_keys()
-    stale = stale_functions(previous, now)
-    globs = names or [glob_of(source, function) for source, function in stale]
+    return previous if previous.get("tool") == f"mutmut {version('mutmut')}" else {}
+
+
+def run_job(names: list[str]) -> None:
+    """File by file, the tolerance rule first: mutmut on the stale functions' mutants (or on
+    the ``names`` in that file), then the record (:func:`write_record`), so that a run cut
+    short keeps every file it finished."""
+    start = time.monotonic()
     prepare_work_folder()
-    if globs:
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        command = [sys.executable, "-m", "mutmut", "run", "--max-children", "1", *globs]
-        subprocess.run(command, cwd=WORK, env=env, check=True)
+    entered = set()
+    for source in FUNCTIONS:
+        previous = load_record()
+        stale = [f for s, f in stale_functions(previous, current_keys()) if s == source]
+        globs = [n for n in names if run.file_of(n) == source]
+        globs = globs if names else [glob_of(source, function) for function in stale]
+        if globs:
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            command = [sys.executable, "-m", "mutmut", "run", "--max-children", "1", *globs]
+            subprocess.run(command, cwd=WORK, env=env, check=True)
+            entered.add(source)
+        write_record(previous, entered, start)
+
+
+def write_record(previous: dict, entered: set[str], start: float) -> None:
+    """The record: for the files mutmut ran on (``entered``), every function all of whose
+    mutants it has judged, from its cache; for every other function, the last record's lines
+    where its code is unchanged; anything else is pending (its mutant count)."""
+    now = current_keys()
+    stale = set(stale_functions(previous, now))
     equivalents = tomllib.loads(EQUIVALENTS.read_text()) if EQUIVALENTS.exists() else {}
-    results = mutmut_results()
-    judged_now = set(stale) | {(results[n][0], keys.function_of(n)) for n in results if names}
-    mutants = {}
-    for name, line in previous.get("mutants", {}).items():  # functions the record holds as now
-        if (line["file"], line["function"]) not in judged_now and line["function"] in now.get(
-            line["file"], {}
-        ):
-            mutants[name] = argued(name, line, equivalents)
+    codes: dict[tuple[str, str], dict[str, int | None]] = {}
+    for name, (source, code) in mutmut_results().items():
+        codes.setdefault((source, keys.function_of(name)), {})[name] = code
+    old = previous.get("mutants", {})
+    cwd = Path.cwd()
     os.chdir(WORK)  # mutmut's diff reads mutants/ from the working directory
     run.MUTANTS = MUTANTS  # run.py's helpers work on the mutants/ its MUTANTS names
-    for name, (source, code) in sorted(results.items()):
-        function = keys.function_of(name)
-        if (source, function) not in judged_now or function not in FUNCTIONS[source]:
-            continue
-        if code is None:
-            raise SystemExit(f"mutmut has not run {name}: rerun")
-        line_no, change = run.change_of(name, source)
-        mutants[name] = {
-            "file": source,
-            "function": function,
-            "line": line_no,
-            "change": change,
-        } | verdict_of(name, code, equivalents)
-    entered = {(m["file"], m["function"]) for m in mutants.values()}
-    missing = [
-        f"{s}::{f}" for s, names_ in FUNCTIONS.items() for f in names_ if (s, f) not in entered
-    ]
-    if missing:
-        raise SystemExit(f"no mutants judged for {missing}")
+    mutants, functions, pending = {}, {s: {keys.MODULE: now[s][keys.MODULE]} for s in now}, {}
+    for source, names in FUNCTIONS.items():
+        for function in names:
+            found = codes.get((source, function), {})
+            if source in entered and found and None not in found.values():
+                for name, code in sorted(found.items()):
+                    mutants[name] = judged_line(name, source, function, code, old, equivalents)
+            elif (source, function) not in stale:
+                lines = {
+                    n: m for n, m in old.items() if (m["file"], m["function"]) == (source, function)
+                }
+                mutants |= {n: argued(n, m, equivalents) for n, m in lines.items()}
+            else:
+                pending[f"{source}::{function}"] = len(found)
+                continue
+            functions[source][function] = now[source][function]
+    os.chdir(cwd)
     record = {
         "tool": f"mutmut {version('mutmut')}",
         "tests": TESTS,
-        "functions": now,
+        "functions": functions,
+        "pending": pending,
         "seconds_this_run": round(time.monotonic() - start),
         "mutants": dict(sorted(mutants.items())),
     }
     RECORD.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
-    print(table(record))
+    print(table(record), flush=True)
+
+
+def judged_line(
+    name: str, source: str, function: str, code: int, old: dict, equivalents: dict[str, str]
+) -> dict:
+    """The record's line of a mutant mutmut judged: where, what, and its verdict. One the quick
+    tests passed goes through :func:`second_stage`, unless the last record has its verdict for
+    the same change (a second stage costs whole batteries)."""
+    line_no, change = run.change_of(name, source)
+    line = {"file": source, "function": function, "line": line_no, "change": change}
+    last = old.get(name, {})
+    settled = last.get("verdict") in ("survived", "equivalent") or "by" in last
+    if code == 0 and last.get("change") == change and settled:
+        kept = {k: last[k] for k in ("verdict", "by", "note") if k in last}
+        return argued(name, line | kept, equivalents)
+    return line | verdict_of(name, code, equivalents)
 
 
 def argued(name: str, line: dict, equivalents: dict[str, str]) -> dict:
