@@ -531,7 +531,8 @@ def test_grad_x_of_a_hub_at_the_edge_of_vacuous_stores(dtype, edge):
         if readers == edge:  # h = 1: a bound far below M, and a zeroed gradient fails
             assert float(error_bound(expected, dtype)) < float(m) / 64
             verdict = judge_elementwise(torch.zeros(1, 1, 1, dtype=dtype), expected)  # error M
-            assert not verdict.ok and "1 elements judged with h = 1" in verdict.notes[0]
+            assert not verdict.ok
+            assert verdict.notes == ("1 elements judged with h = 1 (the h-store bound reaches M)",)
 
 
 # --------------------------------------------------------------- what a verdict reports
@@ -554,6 +555,10 @@ def test_a_verdict_of_the_wrong_shape_fails_and_says_so():
     verdict = judge_elementwise(torch.zeros(2, 2, 2), expected)
     assert not verdict.ok and math.isinf(verdict.ratio) and verdict.worst_index is None
     assert verdict.notes == ("shape (2, 2, 2), expected (2, 2, 3)",)
+    assert math.isinf(verdict.max_abs_error) and math.isinf(verdict.worst_error)
+    figures = (verdict.worst_bound, verdict.worst_ref, verdict.worst_magnitude)
+    assert figures == (0.0, 0.0, 0.0) and verdict.nonfinite_mismatches == 0
+    assert verdict.worst_value is None and verdict.quantity == "y"
 
 
 def test_a_verdict_names_the_worst_element_and_its_figures():
@@ -603,6 +608,14 @@ def test_a_nonfinite_mismatch_is_named_where_every_ratio_passes():
     assert not verdict.ok and verdict.nonfinite_mismatches == 2
     assert verdict.worst_index == (1, 0, 1) and verdict.ratio == 0.0
     assert "2 non-finite mismatches" in str(verdict)
+    at_bound = (0, 0, 2)  # ref 0: moved by exactly its bound, ratio 1, still a pass
+    value[at_bound] = error_bound(expected, torch.float32).expand_as(value)[at_bound]
+    verdict = judge_elementwise(value, expected, dtype=torch.float32, any_dtype=True)
+    assert verdict.ratio == 1.0 and verdict.worst_index == (1, 0, 1)  # the mismatch is named
+    wrong_shape = judge_elementwise(
+        value, expected, dtype=torch.float32, any_dtype=True, baseline=value[:1]
+    )
+    assert wrong_shape.baseline_ratio is None and wrong_shape.baseline_max_abs_error is None
 
 
 def test_an_empty_quantity_passes_with_nothing_to_name():
@@ -610,9 +623,12 @@ def test_an_empty_quantity_passes_with_nothing_to_name():
     x, w, bias, gy = small_operands(torch.float32)
     x, gy = x[:0], gy[:0]  # batch 0
     expected = expected_quantities(x, w, bias, meta, gy)["y"]
-    verdict = judge_elementwise(expected.value.float(), expected)
+    verdict = judge_elementwise(expected.value.float(), expected, baseline=expected.value.float())
     assert verdict.ok and verdict.worst_index is None and verdict.ratio == 0.0
-    assert (verdict.worst_error, verdict.worst_bound, verdict.max_abs_error) == (0.0, 0.0, 0.0)
+    figures = (verdict.worst_error, verdict.worst_bound, verdict.worst_ref, verdict.worst_magnitude)
+    assert figures == (0.0, 0.0, 0.0, 0.0) and verdict.max_abs_error == 0.0
+    assert (verdict.baseline_ratio, verdict.baseline_max_abs_error) == (0.0, 0.0)
+    assert verdict.worst_value is None
 
 
 # ---------------------------------------------------- check_ops' exact padding comparisons
@@ -719,3 +735,27 @@ def test_a_backend_that_raises_in_the_padding_check_fails_one_row_that_says_so()
     assert (row.check, row.quantity, row.ok) == ("padding", "all", False)
     assert row.note == "raised RuntimeError: no forward"
 
+
+@pytest.mark.parametrize(
+    "dtype,threshold",
+    [
+        (torch.float16, 65504.0 + 16),  # largest finite + half its ulp (32)
+        (torch.bfloat16, (2 - 2.0**-7) * 2.0**127 + 2.0**119),
+        (torch.float32, (2 - 2.0**-23) * 2.0**127 + 2.0**103),
+    ],
+    ids=str,
+)
+def test_inf_is_allowed_where_the_magnitude_reaches_max_plus_half_an_ulp(dtype, threshold):
+    """A finite ``ref`` may come back inf only where ``M`` reaches the largest finite value plus
+    half its ulp (from there round-to-nearest gives inf); by hand, and a float64 step below."""
+    from fovi_ref.check.tolerances import Expected
+
+    def judged(magnitude: float) -> bool:
+        one = torch.ones(1, 1, 1, dtype=torch.float64)
+        zero = torch.zeros((), dtype=torch.float64)
+        expected = Expected("y", one, one * magnitude, one * 2, zero, zero, zero)
+        inf = torch.full((1, 1, 1), math.inf, dtype=dtype)
+        return judge_elementwise(inf, expected).ok
+
+    assert judged(threshold)
+    assert not judged(math.nextafter(threshold, 0))
