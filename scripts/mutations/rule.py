@@ -194,19 +194,19 @@ def second_stage(name: str) -> str | None:
 
 
 def verdict_of(name: str, code: int | None, equivalents: dict[str, str]) -> dict:
-    """A mutant's ``verdict`` from mutmut's exit code, past :func:`second_stage` for one the
-    quick tests passed (``by``: the slow test that killed it), with its ``argument`` where
-    ``equivalents`` argues it."""
+    """A mutant's ``verdict`` from mutmut's exit code: for one the quick tests passed, its
+    ``argument`` where ``equivalents`` argues it, else :func:`second_stage` (``by``: the slow
+    test that killed it)."""
     status = run.RENAMED.get(status_by_exit_code[code], status_by_exit_code[code])
     if status in run.KILLED:
         return {"verdict": status}
     if status not in ("survived", "not reached"):
         raise SystemExit(f"{name}: mutmut says {status!r}; rerun it")
+    if name in equivalents:  # argued: no test can tell it from the original
+        return {"verdict": "equivalent", "argument": equivalents[name]}
     slow = second_stage(name)
     if slow is not None:
         return {"verdict": "killed", "by": slow}
-    if name in equivalents:
-        return {"verdict": "equivalent", "argument": equivalents[name]}
     return {"verdict": "survived"} | ({"note": "no test calls it"} if code == 33 else {})
 
 
