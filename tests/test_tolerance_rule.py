@@ -33,6 +33,7 @@ below 1. In 16 bits the stores' ``u |ref|`` and ``u |w| |z|`` are most of the bo
 
 from __future__ import annotations
 
+import itertools
 import math
 from fractions import Fraction
 
@@ -82,36 +83,18 @@ def small_meta() -> KNNMeta:
     return KNNMeta.from_knn(torch.tensor(KNN), torch.tensor(RF), n_in=N_IN, in_channels=CIN, v=V)
 
 
+def filled(shape: tuple[int, ...], entry) -> torch.Tensor:
+    """A float64 tensor of ``shape`` whose element at ``index`` is ``entry(*index)``."""
+    values = [entry(*index) for index in itertools.product(*map(range, shape))]
+    return torch.tensor(values, dtype=torch.float64).reshape(shape)
+
+
 def small_operands(dtype: torch.dtype, zero_x: bool = False):
     """Quarter-integers in [-1, 1] (exact in every dtype), signs mixed so that sums cancel."""
-    x = (
-        torch.tensor(
-            [
-                [[(3 * b + 5 * c + 7 * i) % 9 - 4 for i in range(N_IN)] for c in range(CIN)]
-                for b in range(B)
-            ],
-            dtype=torch.float64,
-        )
-        / 4
-    )
-    w = (
-        torch.tensor(
-            [[(2 * o + 3 * j) % 7 - 3 for j in range(CIN * V)] for o in range(COUT)],
-            dtype=torch.float64,
-        )
-        / 4
-    )
+    x = filled((B, CIN, N_IN), lambda b, c, i: ((3 * b + 5 * c + 7 * i) % 9 - 4) / 4)
+    w = filled((COUT, CIN * V), lambda o, j: ((2 * o + 3 * j) % 7 - 3) / 4)
     bias = torch.tensor([0.75, -0.5], dtype=torch.float64)
-    gy = (
-        torch.tensor(
-            [
-                [[(b + 2 * o + 5 * n) % 5 - 2 for n in range(3)] for o in range(COUT)]
-                for b in range(B)
-            ],
-            dtype=torch.float64,
-        )
-        / 2
-    )
+    gy = filled((B, COUT, 3), lambda b, o, n: ((b + 2 * o + 5 * n) % 5 - 2) / 2)
     if zero_x:
         x = torch.zeros_like(x)
     return [t.to(dtype) for t in (x, w, bias, gy)]
