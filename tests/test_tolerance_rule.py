@@ -542,6 +542,7 @@ def test_a_verdict_of_the_wrong_shape_fails_and_says_so():
     figures = (verdict.worst_bound, verdict.worst_ref, verdict.worst_magnitude)
     assert figures == (0.0, 0.0, 0.0) and verdict.nonfinite_mismatches == 0
     assert verdict.worst_value is None and verdict.quantity == "y"
+    assert verdict.dtype == torch.float32
 
 
 def test_a_verdict_names_the_worst_element_and_its_figures():
