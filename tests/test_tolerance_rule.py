@@ -536,7 +536,7 @@ def test_a_verdict_of_the_wrong_shape_fails_and_says_so():
     x, w, bias, gy = small_operands(torch.float32)
     expected = expected_quantities(x, w, bias, meta, gy)["y"]
     verdict = judge_elementwise(torch.zeros(2, 2, 2), expected)
-    assert not verdict.ok and math.isinf(verdict.ratio) and verdict.worst_index is None
+    assert verdict.ok is False and math.isinf(verdict.ratio) and verdict.worst_index is None
     assert verdict.notes == ("shape (2, 2, 2), expected (2, 2, 3)",)
     assert math.isinf(verdict.max_abs_error) and math.isinf(verdict.worst_error)
     figures = (verdict.worst_bound, verdict.worst_ref, verdict.worst_magnitude)
