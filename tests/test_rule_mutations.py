@@ -29,10 +29,14 @@ def held(mutant: dict) -> bool:
     return (mutant["file"], mutant["function"]) not in PENDING
 
 
-def test_every_function_of_the_rule_is_judged_and_nothing_else():
+def test_every_function_of_the_rule_is_judged_or_pending_and_nothing_else():
+    """A function the job has not judged whole yet is listed as pending with its mutant count,
+    and none of its mutants is in the record."""
     judged = {(m["file"], m["function"]) for m in RECORD["mutants"].values()}
     rule = {(f, name) for f, names in RULE.FUNCTIONS.items() for name in names}
-    assert judged == rule
+    assert judged | PENDING == rule and judged <= rule
+    listed = {tuple(key.split("::")) for key in RECORD["pending"]}
+    assert listed <= PENDING and not listed & judged
     assert RECORD["tool"] == "mutmut 3.8.1" and RECORD["tests"] == RULE.TESTS
     assert set(RECORD["functions"]) == set(RULE.FUNCTIONS)
 
