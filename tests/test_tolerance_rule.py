@@ -509,7 +509,8 @@ def test_grad_x_of_a_hub_at_the_edge_of_vacuous_stores(dtype, edge):
         m = Fraction(readers, 2)
         sizes = (m, m, readers, m, readers, readers)  # ref = M_s = M, h = P = F
         assert bool(vacuous_stores(expected, dtype).all()) == (readers == edge)
-        assert not vacuous_stores(expected, torch.float32).any()
+        one_precision = vacuous_stores(expected, torch.float32)
+        assert one_precision.dtype == torch.bool and not one_precision.any()
         assert close(float(error_bound(expected, dtype)), exact_bound(sizes, dtype)), readers
         if readers == edge:  # h = 1: a bound far below M, and a zeroed gradient fails
             assert float(error_bound(expected, dtype)) < float(m) / 64
@@ -596,6 +597,9 @@ def test_a_nonfinite_mismatch_is_named_where_every_ratio_passes():
     value[at_bound] = error_bound(expected, torch.float32).expand_as(value)[at_bound]
     verdict = judge_elementwise(value, expected, dtype=torch.float32, any_dtype=True)
     assert verdict.ratio == 1.0 and verdict.worst_index == (1, 0, 1)  # the mismatch is named
+    value[at_bound] *= 1.5  # now a ratio fails too: the verdict names the worst ratio
+    verdict = judge_elementwise(value, expected, dtype=torch.float32, any_dtype=True)
+    assert verdict.ratio == 1.5 and verdict.worst_index == at_bound
     wrong_shape = judge_elementwise(
         value, expected, dtype=torch.float32, any_dtype=True, baseline=value[:1]
     )
