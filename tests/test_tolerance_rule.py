@@ -747,3 +747,39 @@ def test_inf_is_allowed_where_the_magnitude_reaches_max_plus_half_an_ulp(dtype, 
 
     assert judged(threshold)
     assert not judged(math.nextafter(threshold, 0))
+
+
+def test_a_bias_of_the_wrong_shape_is_refused():
+    x, w, bias, gy = small_operands(torch.float32)
+    with pytest.raises(ValueError, match="bias"):
+        expected_quantities(x, w, bias[:1], small_meta(), gy)
+
+
+def test_under_all_padding_zero_an_empty_node_adds_nothing_to_grad_bias():
+    """fovi 2.4.0's reading: an all-padding node outputs 0 and sends no gradient to the bias.
+    ``grad_bias`` then has one term (node 0's), ``M = |grad_y[0]| = 1``, so its float32 bound
+    is ``gamma_1(u) + gamma_1(u64)``; node 1's ``grad_y`` of 1000 is no term of it."""
+    meta = KNNMeta.from_knn(
+        torch.tensor([[0, 1]]), torch.zeros(2, 1, dtype=torch.int64), n_in=1, in_channels=1, v=1
+    )
+    x = torch.ones(1, 1, 1)
+    w = torch.ones(1, 1)
+    gy = torch.tensor([[[1.0, 1000.0]]])
+    expected = expected_quantities(x, w, torch.ones(1), meta, gy, all_padding="zero")
+    grad_bias = expected["grad_bias"]
+    assert float(grad_bias.value) == 1.0 and float(grad_bias.magnitude) == 1.0
+    bound = exact_gamma(1, U[torch.float32]) + exact_gamma(1, U[torch.float64])
+    assert close(float(error_bound(grad_bias, torch.float32)), bound)
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN, ids=str)
+def test_elements_without_magnitude_count_as_judged_with_one_store_only_where_h_exceeds_1(dtype):
+    """``grad_y = 0``: every gradient of ``x`` has ``M = 0``, so ``gamma_h(u) M_s >= M`` holds
+    with equality; the verdict counts the elements whose ``h`` (fan-out) is above 1, inputs 1 and
+    2 in each batch and channel (8), and no element of ``y`` (``h = 1``)."""
+    x, w, bias, gy = small_operands(dtype)
+    expected = expected_quantities(x, w, bias, small_meta(), torch.zeros_like(gy))
+    grad_x = judge_elementwise(expected["grad_x"].value.to(dtype), expected["grad_x"])
+    assert grad_x.notes == ("8 elements judged with h = 1 (the h-store bound reaches M)",)
+    x0 = expected_quantities(torch.zeros_like(x), w, None, small_meta(), gy)["y"]
+    assert judge_elementwise(x0.value.to(dtype), x0).notes == ()
