@@ -251,6 +251,10 @@ def test_error_bound_is_the_formula_in_exact_arithmetic(dtype, separate):
     sizes = exact_sizes(x, w, bias, gy, separate=separate)
     assert set(expected) == set(QUANTITIES)
     for quantity in QUANTITIES:
+        sizes_of = expected[quantity]
+        fields = (sizes_of.value, sizes_of.magnitude, sizes_of.terms, sizes_of.stored)
+        assert all(t.dtype == torch.float64 for t in (*fields, sizes_of.stores))
+        assert sizes_of.product_stores.dtype == torch.float64, quantity
         bound = error_bound(expected[quantity], dtype).expand_as(expected[quantity].value)
         assert bound.dtype == torch.float64
         assert len(sizes[quantity]) == bound.numel()
