@@ -19,15 +19,24 @@ runs it in its own work folder, ``mutants-rule/`` (git-ignored): a copy of ``fov
 ``tests/`` and ``scripts/`` and a pyproject.toml whose ``[tool.mutmut]`` is :func:`mutmut_config`.
 mutmut's cache is ``mutants-rule/mutants/``.
 
-**The judge** is :data:`TESTS`, run by mutmut on each mutant: of those tests, the ones that call
-the mutated function, stopping at the first failure. A mutant no test fails *survived*, unless
-``rule_equivalents.toml`` argues it *equivalent*; ``tests/test_rule_mutations.py`` fails on a
-survivor and on an argument for a mutant the record does not hold as equivalent.
+**The judge** is :data:`TESTS`, quickest file first (:mod:`rule_order`), without the two
+slowest tests (:data:`SLOW`): mutmut runs, on each mutant, those of the tests that call the
+mutated function and stops at the first failure. A mutant they all pass is *equivalent* where
+``rule_equivalents.toml`` argues it (no test can tell it from the original), else it runs
+:data:`SLOW` (*killed*, ``by`` the slow test) and otherwise *survived*.
+``tests/test_rule_mutations.py`` fails on a survivor and on an argument for a mutant the record
+does not hold as equivalent. ``timeout`` and ``crashed`` count as killed.
 
 **The record is keyed by function** (:mod:`keys`): per function the key of its code, per mutant
-its verdict. A function whose code changed since (or that the record has not judged) is
-*pending*: the next run judges its mutants again, and only those, since mutmut numbers a
-function's mutants by its own code alone.
+its verdict. mutmut runs file by file, the tolerance rule first, and the record is written
+after each file, so that a run cut short keeps what it finished. A function whose code changed
+since the record judged it, whose file's code outside functions changed, or that the record has
+not judged whole yet, is *pending* (with its mutant count): the next run judges its mutants
+again, and only those, since mutmut numbers a function's mutants by its own code alone.
+
+**Time.** Most mutants die at the first of the rule's exact tests, in about a second; one the
+quick tests pass costs the slow tests too (whole batteries). ``seconds_this_run`` in the record
+is the wall time of the run that wrote it, and of nothing before.
 """
 
 from __future__ import annotations
