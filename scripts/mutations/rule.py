@@ -4,6 +4,7 @@ harness's own tests judge every mutant, and ``rule_record.json`` says what each 
     python scripts/mutations/rule.py                       # make rule-mutations: stale functions
     python scripts/mutations/rule.py 'fovi_ref.check.tolerances.x_gamma__mutmut_*'  # rerun these
     python scripts/mutations/rule.py --table               # the per-function table of the record
+    python scripts/mutations/rule.py --no-run              # the record again, with today's arguments
     python scripts/mutations/rule.py --sample 4 --seed 0   # CI: rerun a seeded sample of the record
 
 **What is mutated** (:data:`FUNCTIONS`): the functions that compute the bound and the verdict,
@@ -392,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, help="rerun this many killed mutants (CI)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--table", action="store_true", help="print the record's table")
+    parser.add_argument("--no-run", action="store_true", help="rewrite the record, run nothing")
     args = parser.parse_args(argv)
     if args.table:
         record = json.loads(RECORD.read_text())
@@ -400,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.sample:
         return run_sample(args.sample, args.seed)
+    if args.no_run:  # today's arguments applied to the record's lines
+        write_record(load_record(), set(), time.monotonic())
+        return 0
     run_job(args.names)
     return 0
 
