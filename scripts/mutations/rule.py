@@ -4,7 +4,7 @@ harness's own tests judge every mutant, and ``rule_record.json`` says what each 
     python scripts/mutations/rule.py                       # make rule-mutations: stale functions
     python scripts/mutations/rule.py 'fovi_ref.check.tolerances.x_gamma__mutmut_*'  # rerun these
     python scripts/mutations/rule.py --table               # the per-function table of the record
-    python scripts/mutations/rule.py --no-run              # the record again, with today's arguments
+    python scripts/mutations/rule.py --no-run              # the record again, today's arguments
     python scripts/mutations/rule.py --sample 4 --seed 0   # CI: rerun a seeded sample of the record
 
 **What is mutated** (:data:`FUNCTIONS`): the functions that compute the bound and the verdict,
