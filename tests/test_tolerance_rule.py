@@ -787,3 +787,20 @@ def test_elements_without_magnitude_count_as_judged_with_one_store_only_where_h_
     assert grad_x.notes == ("8 elements judged with h = 1 (the h-store bound reaches M)",)
     x0 = expected_quantities(torch.zeros_like(x), w, None, small_meta(), gy)["y"]
     assert judge_elementwise(x0.value.to(dtype), x0).notes == ()
+
+
+def test_the_oracle_check_reports_the_baselines_ratio_and_a_check_without_note_has_none():
+    """check_ops judges each quantity beside ``einsum_baseline`` run on the same operands (its
+    ratio reported, not judged); a row of a check that adds no note has an empty one."""
+    from fovi_ref.check.check_ops import check_ops
+    from fovi_ref.check.graphs import TestGraph
+
+    graph = TestGraph("small", small_meta(), COUT)
+    report = check_ops(
+        "general", graphs=[graph], dtypes=[torch.float32], checks=["oracle", "nonfinite"]
+    )
+    oracle = [r for r in report.rows if r.check == "oracle"]
+    assert {r.quantity for r in oracle} == {"y", "grad_x", "grad_weight"}
+    assert all(r.ok and r.baseline_ratio is not None and r.baseline_ratio <= 1 for r in oracle)
+    nonfinite = [r for r in report.rows if r.check == "nonfinite"]
+    assert nonfinite and all(r.ok and r.note == "" for r in nonfinite)
