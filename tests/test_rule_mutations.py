@@ -52,8 +52,13 @@ def test_no_mutant_of_the_rule_survived_unargued():
 
 
 def test_every_argument_is_for_an_equivalent_mutant_of_the_record():
+    """An argument for a mutant of a pending function waits for the job to judge it."""
     for name in EQUIVALENTS:
-        mutant = RECORD["mutants"][name]
+        mutant = RECORD["mutants"].get(name)
+        if mutant is None:
+            function = (RULE.run.file_of(name), RULE.keys.function_of(name))
+            assert function in PENDING, name
+            continue
         assert not held(mutant) or mutant["verdict"] == "equivalent", name
 
 
