@@ -692,7 +692,7 @@ def test_the_padding_check_runs_where_an_input_is_unread_and_no_node_is_empty():
     assert all(r.ok and r.note != "nothing to test" for r in padding_rows("general", knn, 3))
     failed = [r for r in padding_rows(GradientToUnread, knn, 3) if not r.ok]
     assert [(r.check, r.quantity) for r in failed] == [("padding", "grad_x")]
-    assert failed[0].index == (0, 0, 2) and math.isinf(failed[0].ratio) and failed[0].bound == 0
+    assert failed[0].ok is False and failed[0].index == (0, 0, 2) and math.isinf(failed[0].ratio) and failed[0].bound == 0
     assert failed[0].value == 2.0**-30 and failed[0].oracle == 0.0
     assert failed[0].note.startswith("unread inputs get a gradient")
 
@@ -804,3 +804,32 @@ def test_the_oracle_check_reports_the_baselines_ratio_and_a_check_without_note_h
     assert all(r.ok and r.baseline_ratio is not None and r.baseline_ratio <= 1 for r in oracle)
     nonfinite = [r for r in report.rows if r.check == "nonfinite"]
     assert nonfinite and all(r.ok and r.note == "" for r in nonfinite)
+
+
+class OneUlpAtEmptyNodes(Delegating):
+    """Outputs of all-padding nodes one float64 ulp above their bias: within the bound (at most
+    ``2 gamma_1(u64) |b|``), but not the bias."""
+
+    name = "one_ulp_at_empty_nodes"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        y = Delegating.forward(meta, x, weight, bias)
+        return torch.where(meta.pad_mask.all(dim=0), torch.nextafter(y, y + 1), y)
+
+
+def test_an_empty_nodes_output_within_the_bound_but_not_the_bias_fails_by_the_exact_rule():
+    from fovi_ref.check.check_ops import _where, check_ops
+    from fovi_ref.check.graphs import TestGraph
+
+    meta = KNNMeta.from_knn(
+        torch.tensor([[0, 1, 2]]), torch.zeros(3, 1, dtype=torch.int64), n_in=2, in_channels=2, v=1
+    )
+    graph = TestGraph("padding_case", meta, 2)
+    report = check_ops(
+        OneUlpAtEmptyNodes, graphs=[graph], dtypes=[torch.float64], checks=["padding"]
+    )
+    (failed,) = [r for r in report.rows if not r.ok]
+    assert failed.ok is False and math.isinf(failed.ratio) and failed.bound == 0.0
+    assert failed.index[2] == 2 and failed.where == _where(meta, "y", failed.index)
+    assert failed.value == math.nextafter(failed.oracle, math.inf)
