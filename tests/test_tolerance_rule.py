@@ -834,3 +834,24 @@ def test_an_empty_nodes_output_within_the_bound_but_not_the_bias_fails_by_the_ex
     assert failed.ok is False and math.isinf(failed.ratio) and failed.bound == 0.0
     assert failed.index[2] == 2 and failed.where == _where(meta, "y", failed.index)
     assert failed.value == math.nextafter(failed.oracle, math.inf)
+
+
+class WrongWithoutGrad(Delegating):
+    """Right under autograd, a whole bias off in a forward under ``no_grad``."""
+
+    name = "wrong_without_grad"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        y = Delegating.forward(meta, x, weight, bias)
+        return y if torch.is_grad_enabled() else y + 1
+
+
+def test_the_doors_check_runs_the_plain_forward_of_the_ops_under_test():
+    from fovi_ref.check.check_ops import check_ops
+    from fovi_ref.check.graphs import TestGraph
+
+    graph = TestGraph("small", small_meta(), COUT)
+    report = check_ops(WrongWithoutGrad, graphs=[graph], dtypes=[torch.float32], checks=["doors"])
+    failed = [(r.quantity, r.note) for r in report.rows if not r.ok]
+    assert ("y", "plain forward (no_grad)") in failed  # (the custom op's forward runs so too)
