@@ -6,7 +6,7 @@ TORCH_INDEX ?=
 # JupyterLab refuses to start as root (in a container, say) without --allow-root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: venv test notebooks lab render lint format bench verify properties mutations planted-bugs \
+.PHONY: venv test notebooks lab render lint format bench verify properties mutations rule-mutations planted-bugs \
 	battery-times adversarial gpu-wheels gpu-dry-run cuda-mutants
 
 venv:            ## .venv with the pinned torch, the dev tools and the onnx extra
@@ -47,6 +47,10 @@ properties:      ## the property tests with many random examples (the default ru
 # record (pending), from a fresh clone too; mutants/ (git-ignored) is mutmut's cache.
 mutations:       ## judge the pending functions' mutants by the default battery; writes scripts/mutations/record.json
 	$(PY) scripts/mutations/run.py
+
+# Its own work folder, mutants-rule/ (git-ignored), with its own [tool.mutmut]: never mutants/.
+rule-mutations:  ## mutation testing of the tolerance rule against the harness's tests; writes scripts/mutations/rule_record.json
+	$(PY) scripts/mutations/rule.py
 
 planted-bugs:    ## the bug classes a mutation tool cannot write, planted in a backend, and what catches each
 	$(PY) scripts/mutation_check.py

@@ -1,0 +1,857 @@
+"""The tolerance rule held to numbers it did not compute: a loosened bound fails here, and so
+does a tightened one.
+
+A planted error computed from ``error_bound()`` itself moves with a mutated bound and catches
+nothing. So the bound of every element of a small graph is derived here a second time, from
+the formula of :mod:`fovi_ref.check.tolerances` in exact rational arithmetic
+(:class:`fractions.Fraction`) over plain loops of the operator's definition (no oracle, no
+magnitude module), for every dtype and every quantity, with the cells a narrow path stores and
+without; errors planted just inside and just outside that number pass and fail, and the failing
+verdict names the element.
+
+**Tightness.** A bound may also be too tight: it then fails a correct kernel on another machine
+or in another summation order. The legal computations below use as much of it as they can, and
+the fovi_ref backends (wide and narrow) pass each; the worst ratio ``error / bound`` reached:
+
+- float16 0.998 and bfloat16 0.988: a sum exact in float32 that lands just below a rounding tie,
+  rounded once (wide and narrow alike); with a cell also stored just below a tie (narrow),
+  0.998 and 0.983;
+- float32 0.9995: one product (``N = 1``) whose rounding is a tie; 0.94 for two terms summed in
+  another order than the oracle's (``w (x_0 + x_1)``, a seeded search);
+- float64 0.75: the same two terms in another order. An implementation in float64 rounds
+  like the oracle, so one product (``N = 1``) is exact against it (ratio 0), and only a
+  different order separates them.
+
+float32 and float64 get near their bound only for a few terms: ``gamma_N(u) M`` assumes each of
+the ``N`` roundings errs by ``u`` of the whole magnitude ``M``, in one direction, while a real
+sum's partial sums are smaller than ``M`` and its errors of either sign. The same search over
+longer sequential sums finds its worst ratio falling like ``1 / N`` (float32: 0.28 at ``N = 8``,
+0.04 at 64, 0.006 at 512; float64 alike), and the default battery's float32 ratios stay far
+below 1. In 16 bits the stores' ``u |ref|`` and ``u |w| |z|`` are most of the bound as long as
+``N u32`` is below ``u`` (``N`` up to thousands), and one store's rounding reaches them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+from fovi_ref import KNNMeta, get_ops, knn_conv
+from fovi_ref.check.bench.gemm_dtypes import forced
+from fovi_ref.check.check_ops import _first_offender
+from fovi_ref.check.tolerances import (
+    QUANTITIES,
+    error_bound,
+    expected_quantities,
+    gamma,
+    judge_elementwise,
+    vacuous_stores,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ALL = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+# Step 0's constants, written out again: unit roundoff and eta (half the smallest subnormal;
+# float64's smallest subnormal itself) as exact rationals.
+U = {
+    torch.float64: Fraction(1, 2**53),
+    torch.float32: Fraction(1, 2**24),
+    torch.float16: Fraction(1, 2**11),
+    torch.bfloat16: Fraction(1, 2**8),
+}
+ETA = {
+    torch.float64: Fraction(1, 2**1074),
+    torch.float32: Fraction(1, 2**150),
+    torch.float16: Fraction(1, 2**25),
+    torch.bfloat16: Fraction(1, 2**134),
+}
+SIXTEEN = (torch.float16, torch.bfloat16)
+
+# The small graph: Nin = 4, Nout = 3, K = 3, V = 2; input 4 is padding.
+# node 0 reads inputs 0, 1 (cell 0, shared) and 2 (cell 1); node 1 reads 1, 3 (cell 1, shared);
+# node 2 reads input 2 alone (cell 0). Fan-out: input 0 once, 1 twice, 2 twice, 3 once.
+KNN = [[0, 1, 2], [1, 3, 4], [2, 4, 4]]  # [K, Nout]
+RF = [[0, 0, 1], [1, 1, 0], [0, 1, 1]]  # [Nout, K]
+N_IN, V, CIN, COUT, B = 4, 2, 2, 2, 2
+
+
+def small_meta() -> KNNMeta:
+    return KNNMeta.from_knn(torch.tensor(KNN), torch.tensor(RF), n_in=N_IN, in_channels=CIN, v=V)
+
+
+def filled(shape: tuple[int, ...], entry) -> torch.Tensor:
+    """A float64 tensor of ``shape`` whose element at ``index`` is ``entry(*index)``."""
+    values = [entry(*index) for index in itertools.product(*map(range, shape))]
+    return torch.tensor(values, dtype=torch.float64).reshape(shape)
+
+
+def small_operands(dtype: torch.dtype, zero_x: bool = False):
+    """Quarter-integers in [-1, 1] (exact in every dtype), signs mixed so that sums cancel."""
+    x = filled((B, CIN, N_IN), lambda b, c, i: ((3 * b + 5 * c + 7 * i) % 9 - 4) / 4)
+    w = filled((COUT, CIN * V), lambda o, j: ((2 * o + 3 * j) % 7 - 3) / 4)
+    bias = torch.tensor([0.75, -0.5], dtype=torch.float64)
+    gy = filled((B, COUT, 3), lambda b, o, n: ((b + 2 * o + 5 * n) % 5 - 2) / 2)
+    if zero_x:
+        x = torch.zeros_like(x)
+    return [t.to(dtype) for t in (x, w, bias, gy)]
+
+
+# ------------------------------------------------------------ the bound, derived a second time
+def real_neighbours(n: int):
+    """``(k, input, cell)`` of node ``n``'s real neighbours."""
+    return [(k, KNN[k][n], RF[n][k]) for k in range(len(KNN)) if KNN[k][n] < N_IN]
+
+
+def shared(n: int, v: int) -> bool:
+    """Whether cell ``v`` of node ``n`` holds two or more real neighbours (a narrow path stores
+    it; one alone is copied exactly)."""
+    return sum(cell == v for _, _, cell in real_neighbours(n)) >= 2
+
+
+def exact_sizes(x, w, bias, gy, separate: bool = False) -> dict[str, dict]:
+    """Per quantity, ``{index: (ref, M, N, M_s, h, P)}`` as Fractions, straight from the
+    operator's definition and the rule's list of stores (tolerances step 2 (c)-(e))."""
+    f = [[[Fraction(float(v)) for v in row] for row in mat] for mat in x.double().tolist()]
+    wf = [[Fraction(float(v)) for v in row] for row in w.double().tolist()]
+    bf = [Fraction(float(v)) for v in bias.double().tolist()]
+    gf = [[[Fraction(float(v)) for v in row] for row in mat] for mat in gy.double().tolist()]
+    z = {
+        (b, c, v, n): sum(
+            (f[b][c][i] for _, i, cell in real_neighbours(n) if cell == v), Fraction(0)
+        )
+        for b in range(B)
+        for c in range(CIN)
+        for v in range(V)
+        for n in range(3)
+    }
+    fan_out = [sum(i == j for n in range(3) for _, j, _ in real_neighbours(n)) for i in range(N_IN)]
+    out = {q: {} for q in QUANTITIES}
+    for b in range(B):
+        for o in range(COUT):
+            for n in range(3):
+                terms = [bf[o]] + [
+                    f[b][c][i] * wf[o][c * V + v]
+                    for c in range(CIN)
+                    for _, i, v in real_neighbours(n)
+                ]
+                m = sum(abs(t) for t in terms)
+                m_s = sum(
+                    abs(wf[o][c * V + v]) * abs(z[b, c, v, n])
+                    for c in range(CIN)
+                    for v in range(V)
+                    if shared(n, v)
+                )
+                h, p = 1, 0
+                if separate:  # (d): W x stored before the bias is added
+                    m_s, h, p = m - abs(bf[o]), 1 + (m_s > 0), 1
+                out["y"][b, o, n] = (sum(terms), m, len(terms), m_s, h, p)
+        for c in range(CIN):
+            for i in range(N_IN):
+                terms = [
+                    gf[b][o][n] * wf[o][c * V + v]
+                    for o in range(COUT)
+                    for n in range(3)
+                    for _, j, v in real_neighbours(n)
+                    if j == i
+                ]
+                m = sum(abs(t) for t in terms)
+                out["grad_x"][b, c, i] = (sum(terms), m, len(terms), m, fan_out[i], fan_out[i])
+    for o in range(COUT):
+        for c in range(CIN):
+            for v in range(V):
+                terms = [
+                    gf[b][o][n] * f[b][c][i]
+                    for b in range(B)
+                    for n in range(3)
+                    for _, i, cell in real_neighbours(n)
+                    if cell == v
+                ]
+                m_s = sum(
+                    abs(gf[b][o][n]) * abs(z[b, c, v, n])
+                    for b in range(B)
+                    for n in range(3)
+                    if shared(n, v)
+                )
+                m = sum(abs(t) for t in terms)
+                out["grad_weight"][o, c * V + v] = (sum(terms), m, len(terms), m_s, 1, 0)
+        terms = [gf[b][o][n] for b in range(B) for n in range(3)]
+        out["grad_bias"][(o,)] = (sum(terms), sum(abs(t) for t in terms), len(terms), 0, 0, 0)
+    return out
+
+
+def exact_gamma(n: int, u: Fraction) -> Fraction:
+    return n * u / (1 - n * u)
+
+
+def exact_bound(sizes: tuple, dtype: torch.dtype) -> Fraction:
+    """The rule's bound of one element, in exact arithmetic::
+
+        one precision:  gamma_N(u) M + N eta
+        16-bit:         u |ref| + eta (1 + P)
+                        + (1 + u) [gamma_h(u) M_s + (1 + gamma_h(u)) gamma_N(u32) M + N eta32]
+
+    each plus the oracle's own ``gamma_N(u64) M + N eta64``; ``h = 1`` where ``h > 1`` stores
+    would allow ``gamma_h(u) M_s >= M``."""
+    ref, m, n, m_s, h, p = sizes
+    u, eta = U[dtype], ETA[dtype]
+    oracle = exact_gamma(n, U[torch.float64]) * m + n * ETA[torch.float64]
+    if dtype not in SIXTEEN:
+        return exact_gamma(n, u) * m + n * eta + oracle
+    if h > 1 and exact_gamma(h, u) * m_s >= m:
+        h = 1
+    g_h = exact_gamma(h, u)
+    u32, eta32 = U[torch.float32], ETA[torch.float32]
+    inner = g_h * m_s + (1 + g_h) * exact_gamma(n, u32) * m + n * eta32
+    return u * abs(ref) + eta * (1 + p) + (1 + u) * inner + oracle
+
+
+def close(got: float, want: Fraction) -> bool:
+    """``got`` (a float64 evaluation of a handful of operations) within ``2^-45`` of ``want``,
+    relatively: loose for rounding, tight for any changed factor, term or constant."""
+    return abs(Fraction(got) - want) <= abs(want) / 2**45
+
+
+# --------------------------------------------------------------------------------- gamma
+@pytest.mark.parametrize("dtype", ALL, ids=str)
+def test_gamma_is_n_u_over_one_minus_n_u(dtype):
+    u = U[dtype]
+    for n in (0, 1, 2, 3, 7, 100):
+        assert close(float(gamma(n, float(u))), exact_gamma(n, u)), n
+    counts = torch.tensor([[1.0, 5.0], [0.0, 64.0]])  # elementwise, float64 out
+    got = gamma(counts, float(u))
+    assert got.dtype == torch.float64 and got.shape == (2, 2)
+    for n, value in zip(counts.flatten().tolist(), got.flatten().tolist(), strict=True):
+        assert close(value, exact_gamma(int(n), u))
+
+
+def test_gamma_by_hand_at_its_edge():
+    """``gamma_n(u)`` reaches 1 at ``n u = 1/2`` and is infinite from ``n u = 1`` on."""
+    assert float(gamma(1, 2.0**-24)) == 2.0**-24 / (1 - 2.0**-24)
+    assert float(gamma(128, 2.0**-8)) == 1.0
+    assert float(gamma(1024, 2.0**-11)) == 1.0
+    assert float(gamma(255, 2.0**-8)) == 255.0  # (255/256) / (1/256)
+    assert float(gamma(2047, 2.0**-11)) == 2047.0
+    for n, u in ((256, 2.0**-8), (257, 2.0**-8), (2048, 2.0**-11), (2**24, 2.0**-24)):
+        assert math.isinf(float(gamma(n, u))), n
+
+
+# ------------------------------------------------------------------------ the bound itself
+@pytest.mark.parametrize("separate", [False, True], ids=["fused", "separate"])
+@pytest.mark.parametrize("dtype", ALL, ids=str)
+def test_error_bound_is_the_formula_in_exact_arithmetic(dtype, separate):
+    """Every element of every quantity, with shared cells (what narrow stores) and without."""
+    meta = small_meta()
+    x, w, bias, gy = small_operands(dtype)
+    rounding = "separate" if separate else "fused"
+    expected = expected_quantities(x, w, bias, meta, gy, bias_rounding=rounding)
+    sizes = exact_sizes(x, w, bias, gy, separate=separate)
+    assert set(expected) == set(QUANTITIES)
+    for quantity in QUANTITIES:
+        sizes_of = expected[quantity]
+        fields = (sizes_of.value, sizes_of.magnitude, sizes_of.terms, sizes_of.stored)
+        assert all(t.dtype == torch.float64 for t in (*fields, sizes_of.stores))
+        assert sizes_of.product_stores.dtype == torch.float64, quantity
+        bound = error_bound(expected[quantity], dtype).expand_as(expected[quantity].value)
+        assert bound.dtype == torch.float64
+        assert len(sizes[quantity]) == bound.numel()
+        for index, element in sizes[quantity].items():
+            assert close(float(bound[index]), exact_bound(element, dtype)), (quantity, index)
+            assert close(float(expected[quantity].value[index]), element[0]), (quantity, index)
+
+
+def test_the_small_graph_has_both_kinds_of_cell():
+    """The graph above tests narrow's allowance and its absence: some elements of ``y`` and
+    ``grad_weight`` have shared cells (``M_s > 0``) and some have none, and ``grad_x`` has
+    inputs read once and twice."""
+    sizes = exact_sizes(*small_operands(torch.float32))
+    for quantity in ("y", "grad_weight"):
+        stored = [element[3] for element in sizes[quantity].values()]
+        assert any(s > 0 for s in stored) and any(s == 0 for s in stored), quantity
+    assert {element[4] for element in sizes["grad_x"].values()} == {1, 2}
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=str)
+def test_the_bound_where_every_term_is_zero_is_the_underflow_allowance(dtype):
+    """``x = 0``: ``y`` and ``grad_weight`` have ``M = 0``, and only eta's terms are left."""
+    meta = small_meta()
+    x, w, bias, gy = small_operands(dtype, zero_x=True)
+    bias = torch.zeros_like(bias)
+    expected = expected_quantities(x, w, bias, meta, gy)
+    sizes = exact_sizes(x, w, bias, gy)
+    for quantity in ("y", "grad_weight"):
+        bound = error_bound(expected[quantity], dtype).expand_as(expected[quantity].value)
+        for index, element in sizes[quantity].items():
+            assert element[1] == 0
+            assert close(float(bound[index]), exact_bound(element, dtype)), (quantity, index)
+
+
+# ------------------------------------------------------- planted errors, just inside and out
+def planted(expected, index: tuple, error: Fraction) -> torch.Tensor:
+    """The oracle's float64 values with ``error`` added at ``index`` (rounded to float64)."""
+    value = expected.value.clone()
+    value[index] = float(Fraction(float(value[index])) + error)
+    return value
+
+
+def plant_site(sizes: dict, dtype: torch.dtype):
+    """Where to plant: an element with ``M > 0``, one whose ``ref`` is 0 in float64 (whose
+    bound, about ``2^-50 M``, is finer than the spacing of float64 numbers near a nonzero
+    ``ref``: there a planted error is exact), else the element of the largest ``M``."""
+    candidates = [(i, e) for i, e in sizes.items() if e[1] > 0]
+    if dtype == torch.float64:
+        candidates = [(i, e) for i, e in candidates if e[0] == 0]
+    return max(candidates, key=lambda item: item[1][1], default=(None, None))
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=str)
+def test_errors_just_inside_the_derived_bound_pass_and_just_outside_fail(dtype):
+    """Each quantity: ``(1 - 2^-20)`` of the exact bound passes, ``(1 + 2^-20)`` fails, on
+    either side of ``ref``, and the failing verdict names the element. (float64's grad_x and
+    grad_bias have no element with ``ref = 0`` here: their bound is held by the exact
+    comparison above.)"""
+    meta = small_meta()
+    x, w, bias, gy = small_operands(dtype)
+    expected = expected_quantities(x, w, bias, meta, gy)
+    sizes = exact_sizes(x, w, bias, gy)
+    planted_in = 0
+    for quantity in QUANTITIES:
+        index, element = plant_site(sizes[quantity], dtype)
+        if index is None:
+            assert dtype == torch.float64 and quantity in ("grad_x", "grad_bias")
+            continue
+        bound = exact_bound(element, dtype)
+        for sign in (1, -1):
+            inside = planted(expected[quantity], index, sign * bound * (1 - Fraction(1, 2**20)))
+            outside = planted(expected[quantity], index, sign * bound * (1 + Fraction(1, 2**20)))
+            passed = judge_elementwise(inside, expected[quantity], dtype=dtype, any_dtype=True)
+            failed = judge_elementwise(outside, expected[quantity], dtype=dtype, any_dtype=True)
+            assert passed.ok and 1 - 2**-19 < passed.ratio <= 1, (quantity, sign, passed)
+            assert not failed.ok and 1 < failed.ratio < 1 + 2**-19, (quantity, sign, failed)
+            assert failed.worst_index == index, (quantity, failed)
+            assert f"at {list(index)}" in str(failed) and str(failed).startswith("FAIL")
+            assert failed.worst_error == pytest.approx(float(bound), rel=2**-18)
+            assert failed.worst_bound == pytest.approx(float(bound), rel=2**-40)
+            planted_in += 1
+    assert planted_in == (4 if dtype == torch.float64 else 8)
+
+
+def test_an_error_exactly_at_the_bound_passes():
+    """``error <= bound`` passes with equality: an element of ``y`` with ``ref = 0`` moved by
+    exactly its bound (the library's own, the one comparison here that needs it)."""
+    meta = small_meta()
+    x, w, bias, gy = small_operands(torch.float32)
+    expected = expected_quantities(x, w, bias, meta, gy)["y"]
+    index = (0, 0, 2)  # ref 0, M = 3/2
+    assert float(expected.value[index]) == 0.0
+    value = expected.value.clone()
+    value[index] = error_bound(expected, torch.float32).expand_as(value)[index]
+    verdict = judge_elementwise(value, expected, dtype=torch.float32, any_dtype=True)
+    assert verdict.ok and verdict.ratio == 1.0 and verdict.worst_index == index
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=str)
+def test_an_element_with_no_term(dtype):
+    """An all-padding node without a bias has no term (``N = 0``, ``ref = 0``). In float32 and
+    float64 its bound is 0: one off by the smallest subnormal fails with an infinite ratio and
+    is named, exact it passes with ratio 0. In 16 bits the output's store may still underflow:
+    its bound is ``eta``."""
+    meta = KNNMeta.from_knn(
+        torch.tensor([[0, 2]]), torch.zeros(2, 1, dtype=torch.int64), n_in=2, in_channels=1, v=1
+    )
+    x = torch.tensor([[[1.0, 0.5]]], dtype=dtype)
+    w = torch.ones(1, 1, dtype=dtype)
+    expected = expected_quantities(x, w, None, meta, torch.ones(1, 1, 2, dtype=dtype))["y"]
+    bound = error_bound(expected, dtype).expand_as(expected.value)
+    exact = judge_elementwise(expected.value.clone(), expected, dtype=dtype, any_dtype=True)
+    assert exact.ok and exact.ratio == 0.0
+    if dtype in SIXTEEN:
+        assert float(bound[0, 0, 1]) == float(ETA[dtype])
+        return
+    assert float(bound[0, 0, 1]) == 0.0
+    value = expected.value.clone()
+    value[0, 0, 1] = 2.0**-1074
+    verdict = judge_elementwise(value, expected, dtype=dtype, any_dtype=True)
+    assert not verdict.ok and math.isinf(verdict.ratio) and verdict.worst_index == (0, 0, 1)
+
+
+# -------------------------------------------------- tightness: legal computations must pass
+BACKENDS = ("general", "gather_gemm", "einsum_baseline")
+
+
+def backends_for(meta: KNNMeta) -> list[str]:
+    """The fovi_ref backends that take ``meta`` (gather_gemm takes K = V = 1 only)."""
+    return [b for b in BACKENDS if getattr(get_ops(b), "supports", lambda m: True)(meta)]
+
+
+def just_below_a_tie(dtype: torch.dtype) -> float:
+    """``t = u - 2 u^2``: ``1 + t`` is exact in float32 and rounds down to 1 in ``dtype``, an
+    error of ``t``, just below the tie at ``u`` (``t`` itself is exact in ``dtype``)."""
+    u = float(U[dtype])
+    return u - 2 * u * u
+
+
+def one_node(cells: list[int]) -> KNNMeta:
+    """One node reading inputs ``0..K-1``, neighbour ``k`` in cell ``cells[k]``."""
+    k = len(cells)
+    knn = torch.arange(k)[:, None]  # [K, 1]
+    return KNNMeta.from_knn(knn, torch.tensor([cells]), n_in=k, in_channels=1, v=max(cells) + 1)
+
+
+def judged_y(backend: str, gemms: str, meta, x, w) -> float:
+    """``y``'s worst ratio for ``backend`` with its 16-bit GEMMs forced ``gemms``; it must pass."""
+    gy = torch.ones(1, 1, meta.n_out, dtype=x.dtype)
+    expected = expected_quantities(x, w, None, meta, gy)["y"]
+    with forced(gemms):
+        y = knn_conv(x, w, None, meta, backend=backend)
+    verdict = judge_elementwise(y, expected)
+    assert verdict.ok, (backend, gemms, verdict)
+    return verdict.ratio
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN, ids=str)
+def test_16_bit_results_rounded_just_below_a_tie_use_the_whole_bound(dtype):
+    """Wide and narrow alike. Two neighbours in two cells, ``y = 1 + t`` (:func:`just_below_a_tie`)
+    summed exactly in float32 and rounded once: error ``t``, bound ``u |ref| + gamma_2(u32) M``;
+    every backend on either path uses ``0.98`` of it. A rule without ``u |ref|``, or with ``u``
+    of a shorter dtype, fails them."""
+    t = just_below_a_tie(dtype)
+    meta = one_node([0, 1])
+    x = torch.tensor([[[1.0, t]]], dtype=dtype)
+    w = torch.ones(1, 2, dtype=dtype)
+    for backend in backends_for(meta):
+        for gemms in ("wide", "narrow"):
+            assert judged_y(backend, gemms, meta, x, w) > 0.98, (backend, gemms)
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN, ids=str)
+def test_16_bit_narrow_cells_stored_just_below_a_tie_use_the_whole_bound(dtype):
+    """Narrow: inputs 0 and 1 share cell 0, ``z = 1 + t`` stored once (to 1, an error of
+    ``t``), input 2 alone in cell 1 adds ``t``; ``1 + t`` is rounded once more, to 1. The error
+    ``2 t`` is both stores' (``u |ref| + u |w| |z|``): narrow uses ``0.98`` of the bound, and a
+    rule without the allowance for a stored cell fails it."""
+    t = just_below_a_tie(dtype)
+    meta = one_node([0, 0, 1])
+    x = torch.tensor([[[1.0, t, t]]], dtype=dtype)
+    w = torch.ones(1, 2, dtype=dtype)
+    ratios = {backend: judged_y(backend, "narrow", meta, x, w) for backend in backends_for(meta)}
+    for backend in backends_for(meta):
+        judged_y(backend, "wide", meta, x, w)
+    assert ratios["general"] > 0.98 and ratios["einsum_baseline"] > 0.98, ratios
+
+
+def test_16_bit_cells_with_large_partial_sums_pass():
+    """A cell ``A + s - A`` whose float32 partial sum ``A + s`` rounds (``s`` below half an ulp
+    of ``A`` in float32), stored once: the partial sums are far larger than the cell, which the
+    rule pays for with ``gamma_3(u32) M`` (``M = 2 A + s``), not with ``u |z|``. Every backend
+    passes on both paths, whichever order it adds the three in."""
+    meta = one_node([0, 0, 0])
+    for dtype, big, small in ((torch.float16, 2.0**15, 2.0**-10), (torch.bfloat16, 2.0**26, 0.75)):
+        x = torch.tensor([[[big, small, -big]]], dtype=dtype)
+        w = torch.ones(1, 1, dtype=dtype)
+        for backend in backends_for(meta):
+            for gemms in ("wide", "narrow"):
+                judged_y(backend, gemms, meta, x, w)
+
+
+def test_float32_one_product_rounded_at_a_tie_uses_the_whole_bound():
+    """``N = 1``: ``y = x w`` with ``x = w = 1 + 2^-12``, whose exact product
+    ``1 + 2^-11 + 2^-24`` is a tie in float32 (an error of ``u``, rounded to even): the error is
+    ``gamma_1(u) |t| (1 - u) / (1 + 2^-11)``, ``0.9995`` of the bound. float32's worst case is
+    reached where ``N`` is small; a rule with ``gamma_{N-1}`` or ``u / 2`` fails it."""
+    meta = one_node([0])
+    x = torch.tensor([[[1 + 2.0**-12]]], dtype=torch.float32)
+    w = torch.tensor([[1 + 2.0**-12]], dtype=torch.float32)
+    for backend in backends_for(meta):
+        assert judged_y(backend, "wide", meta, x, w) > 0.999, backend
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_another_summation_order_passes(dtype):
+    """One cell of two neighbours, ``N = 2``: the oracle adds ``w x_0 + w x_1``, a binning
+    implementation computes ``w (x_0 + x_1)``, each a legal order. The worst of a seeded search
+    over 2^14 draws (elementwise IEEE operations, the same on every machine) uses more than
+    half the bound, the oracle's own ``gamma_N(u64) M`` included: 0.75 in float64, 0.94 in
+    float32. A float64 rule without the oracle's term fails it; the backends pass it."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 2**14, generator=g, dtype=torch.float64).to(dtype)  # [2, draws]
+    w = torch.randn(2**14, generator=g, dtype=torch.float64).to(dtype)  # [draws]
+    binned = w * (x[0] + x[1])  # [draws], two roundings per term
+    exact = w.double() * x[0].double() + w.double() * x[1].double()  # within float64's own
+    worst = int(
+        ((binned.double() - exact).abs() / (w.double().abs() * x.double().abs().sum(0))).argmax()
+    )
+    meta = one_node([0, 0])
+    xs, ws = x[:, worst].reshape(1, 1, 2), w[worst].reshape(1, 1)
+    expected = expected_quantities(xs, ws, None, meta, torch.ones(1, 1, 1, dtype=dtype))["y"]
+    verdict = judge_elementwise(binned[worst].reshape(1, 1, 1), expected)
+    assert verdict.ok and verdict.ratio > 0.5, verdict
+    for backend in backends_for(meta):
+        assert judge_elementwise(knn_conv(xs, ws, None, meta, backend=backend), expected).ok
+
+
+# ------------------------------------------------------------- where h stores are vacuous
+@pytest.mark.parametrize("dtype,edge", [(torch.bfloat16, 128), (torch.float16, 1024)], ids=str)
+def test_grad_x_of_a_hub_at_the_edge_of_vacuous_stores(dtype, edge):
+    """One input read by ``F`` nodes: ``gamma_F(u) M >= M`` from ``F u = 1/2`` on, exactly
+    ``F = edge``. Below it the bound allows ``F`` stores, from it on one; both by hand."""
+    for readers in (edge - 1, edge):
+        meta = KNNMeta.from_knn(
+            torch.zeros(1, readers, dtype=torch.int64),
+            torch.zeros(readers, 1, dtype=torch.int64),
+            n_in=1,
+            in_channels=1,
+            v=1,
+        )
+        x = torch.ones(1, 1, 1, dtype=dtype)
+        w = torch.full((1, 1), 0.5, dtype=dtype)
+        gy = torch.ones(1, 1, readers, dtype=dtype)
+        expected = expected_quantities(x, w, None, meta, gy)["grad_x"]
+        m = Fraction(readers, 2)
+        sizes = (m, m, readers, m, readers, readers)  # ref = M_s = M, h = P = F
+        assert bool(vacuous_stores(expected, dtype).all()) == (readers == edge)
+        one_precision = vacuous_stores(expected, torch.float32)
+        assert one_precision.dtype == torch.bool and not one_precision.any()
+        assert close(float(error_bound(expected, dtype)), exact_bound(sizes, dtype)), readers
+        if readers == edge:  # h = 1: a bound far below M, and a zeroed gradient fails
+            assert float(error_bound(expected, dtype)) < float(m) / 64
+            verdict = judge_elementwise(torch.zeros(1, 1, 1, dtype=dtype), expected)  # error M
+            assert not verdict.ok
+            assert verdict.notes == ("1 elements judged with h = 1 (the h-store bound reaches M)",)
+
+
+# --------------------------------------------------------------- what a verdict reports
+def test_the_first_offender_is_named_by_its_full_index():
+    """check_ops' exact checks name the first offending element, the last axis mapped back to
+    the node or input it stands for."""
+    bad = torch.zeros(2, 3, 4, dtype=torch.bool)
+    bad[1, 2, 3] = True
+    bad[1, 0, 2] = True  # first in row-major order
+    assert _first_offender(bad, torch.tensor([5, 7, 9, 11])) == (1, 0, 9)
+    only = torch.zeros(1, 1, 2, dtype=torch.bool)
+    only[0, 0, 0] = True
+    assert _first_offender(only, torch.tensor([3, 4])) == (0, 0, 3)
+
+
+def test_a_verdict_of_the_wrong_shape_fails_and_says_so():
+    meta = small_meta()
+    x, w, bias, gy = small_operands(torch.float32)
+    expected = expected_quantities(x, w, bias, meta, gy)["y"]
+    verdict = judge_elementwise(torch.zeros(2, 2, 2), expected)
+    assert verdict.ok is False and math.isinf(verdict.ratio) and verdict.worst_index is None
+    assert verdict.notes == ("shape (2, 2, 2), expected (2, 2, 3)",)
+    assert math.isinf(verdict.max_abs_error) and math.isinf(verdict.worst_error)
+    figures = (verdict.worst_bound, verdict.worst_ref, verdict.worst_magnitude)
+    assert figures == (0.0, 0.0, 0.0) and verdict.nonfinite_mismatches == 0
+    assert verdict.worst_value is None and verdict.quantity == "y"
+    assert verdict.dtype == torch.float32
+
+
+def test_a_verdict_names_the_worst_element_and_its_figures():
+    """Two planted errors: the verdict names the larger ratio's element with its error, bound,
+    ref, magnitude and value; the baseline's figures are reported beside it."""
+    meta = small_meta()
+    x, w, bias, gy = small_operands(torch.bfloat16)
+    expected = expected_quantities(x, w, bias, meta, gy)["grad_weight"]
+    sizes = exact_sizes(x, w, bias, gy)["grad_weight"]
+    value = expected.value.clone()
+    value[0, 1] += float(exact_bound(sizes[0, 1], torch.bfloat16)) * 0.5
+    value[1, 2] -= float(exact_bound(sizes[1, 2], torch.bfloat16)) * 3
+    baseline = expected.value.clone()
+    baseline[0, 0] += float(exact_bound(sizes[0, 0], torch.bfloat16)) * 0.25
+    verdict = judge_elementwise(
+        value, expected, dtype=torch.bfloat16, any_dtype=True, baseline=baseline
+    )
+    ref, m = sizes[1, 2][:2]
+    assert not verdict.ok and verdict.worst_index == (1, 2)
+    assert verdict.ratio == pytest.approx(3, rel=1e-9)
+    assert verdict.worst_ref == float(ref) and verdict.worst_magnitude == float(m)
+    assert verdict.worst_value == float(value[1, 2])
+    assert verdict.worst_bound == pytest.approx(float(exact_bound(sizes[1, 2], torch.bfloat16)))
+    assert verdict.worst_error == pytest.approx(3 * verdict.worst_bound)
+    assert verdict.max_abs_error == pytest.approx(verdict.worst_error)
+    assert verdict.baseline_ratio == pytest.approx(0.25, rel=1e-9)
+    assert verdict.baseline_max_abs_error == pytest.approx(
+        float(exact_bound(sizes[0, 0], torch.bfloat16)) * 0.25
+    )
+    assert verdict.quantity == "grad_weight" and verdict.dtype == torch.bfloat16
+    assert verdict.nonfinite_mismatches == 0 and verdict.notes == ("returned float64",)
+    exact = judge_elementwise(expected.value.to(torch.bfloat16), expected)
+    assert exact.ok and exact.ratio == 0.0 and exact.max_abs_error == 0.0
+    assert exact.worst_index == tuple(
+        int(i) for i in torch.unravel_index(error_bound(expected, torch.bfloat16).argmax(), (2, 4))
+    )  # nothing off: the element of the largest bound
+
+
+def test_a_nonfinite_mismatch_is_named_where_every_ratio_passes():
+    meta = small_meta()
+    x, w, bias, gy = small_operands(torch.float32)
+    expected = expected_quantities(x, w, bias, meta, gy)["y"]
+    value = expected.value.clone()
+    value[1, 0, 1] = math.nan
+    value[1, 1, 2] = math.inf
+    verdict = judge_elementwise(value, expected, dtype=torch.float32, any_dtype=True)
+    assert not verdict.ok and verdict.nonfinite_mismatches == 2
+    assert verdict.worst_index == (1, 0, 1) and verdict.ratio == 0.0
+    assert "2 non-finite mismatches" in str(verdict)
+    at_bound = (0, 0, 2)  # ref 0: moved by exactly its bound, ratio 1, still a pass
+    value[at_bound] = error_bound(expected, torch.float32).expand_as(value)[at_bound]
+    verdict = judge_elementwise(value, expected, dtype=torch.float32, any_dtype=True)
+    assert verdict.ratio == 1.0 and verdict.worst_index == (1, 0, 1)  # the mismatch is named
+    value[at_bound] *= 1.5  # now a ratio fails too: the verdict names the worst ratio
+    verdict = judge_elementwise(value, expected, dtype=torch.float32, any_dtype=True)
+    assert verdict.ratio == 1.5 and verdict.worst_index == at_bound
+    wrong_shape = judge_elementwise(
+        value, expected, dtype=torch.float32, any_dtype=True, baseline=value[:1]
+    )
+    assert wrong_shape.baseline_ratio is None and wrong_shape.baseline_max_abs_error is None
+
+
+def test_an_empty_quantity_passes_with_nothing_to_name():
+    meta = small_meta()
+    x, w, bias, gy = small_operands(torch.float32)
+    x, gy = x[:0], gy[:0]  # batch 0
+    expected = expected_quantities(x, w, bias, meta, gy)["y"]
+    verdict = judge_elementwise(expected.value.float(), expected, baseline=expected.value.float())
+    assert verdict.ok and verdict.worst_index is None and verdict.ratio == 0.0
+    figures = (verdict.worst_error, verdict.worst_bound, verdict.worst_ref, verdict.worst_magnitude)
+    assert figures == (0.0, 0.0, 0.0, 0.0) and verdict.max_abs_error == 0.0
+    assert (verdict.baseline_ratio, verdict.baseline_max_abs_error) == (0.0, 0.0)
+    assert verdict.worst_value is None
+
+
+# ---------------------------------------------------- check_ops' exact padding comparisons
+class Delegating:
+    """An ops object outside the registry that computes what ``general`` does."""
+
+    name = "delegating"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        return get_ops("general").forward(meta, x, weight, bias)
+
+    @staticmethod
+    def grad_input(meta, grad_y, weight):
+        return get_ops("general").grad_input(meta, grad_y, weight)
+
+    @staticmethod
+    def grad_weight(meta, grad_y, x):
+        return get_ops("general").grad_weight(meta, grad_y, x)
+
+
+class GradientToUnread(Delegating):
+    """Sends a gradient of 2^-30 to the inputs no neighbour reads."""
+
+    name = "gradient_to_unread"
+
+    @staticmethod
+    def grad_input(meta, grad_y, weight):
+        grad_x = Delegating.grad_input(meta, grad_y, weight).clone()
+        unread = torch.ones(meta.n_in, dtype=torch.bool)
+        unread[meta.knn[~meta.pad_mask]] = False
+        grad_x[:, :, unread] += 2.0**-30
+        return grad_x
+
+
+class BiasOffAtEmptyNodes(Delegating):
+    """Outputs of all-padding nodes one part in 2^20 off their bias."""
+
+    name = "bias_off_at_empty_nodes"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        y = Delegating.forward(meta, x, weight, bias)
+        return torch.where(meta.pad_mask.all(dim=0), y * (1 + 2.0**-20), y)
+
+
+def padding_rows(ops, knn: list[list[int]], n_in: int):
+    """check_ops' ``padding`` rows for ``ops`` on a one-cell graph, in float32."""
+    from fovi_ref.check.check_ops import check_ops
+    from fovi_ref.check.graphs import TestGraph
+
+    knn = torch.tensor(knn)  # [K, Nout]
+    meta = KNNMeta.from_knn(
+        knn,
+        torch.zeros(knn.shape[1], knn.shape[0], dtype=torch.int64),
+        n_in=n_in,
+        in_channels=2,
+        v=1,
+    )
+    graph = TestGraph("padding_case", meta, 2)
+    report = check_ops(ops, graphs=[graph], dtypes=[torch.float32], checks=["padding"])
+    return report.rows
+
+
+def test_the_padding_check_runs_where_an_input_is_unread_and_no_node_is_empty():
+    """Input 2 is read by nobody, every node reads something: a gradient sent to input 2, far
+    within any bound, fails by the exact rule and names the element; ``general`` passes."""
+    knn = [[0, 1]]  # node 0 reads input 0, node 1 input 1; input 2 unread
+    assert all(r.ok and r.note != "nothing to test" for r in padding_rows("general", knn, 3))
+    failed = [r for r in padding_rows(GradientToUnread, knn, 3) if not r.ok]
+    assert [(r.check, r.quantity) for r in failed] == [("padding", "grad_x")]
+    assert failed[0].ok is False and failed[0].index == (0, 0, 2)
+    assert math.isinf(failed[0].ratio) and failed[0].bound == 0
+    assert failed[0].value == 2.0**-30 and failed[0].oracle == 0.0
+    assert failed[0].note.startswith("unread inputs get a gradient")
+
+
+def test_the_padding_check_runs_where_a_node_is_empty_and_every_input_is_read():
+    """Node 2 reads only padding, inputs 0 and 1 are read: its output must be exactly the
+    bias; one part in 2^20 off fails by the exact rule and names the element."""
+    knn = [[0, 1, 2]]  # input 2 is padding here (n_in = 2): node 2 is all padding
+    assert all(r.ok and r.note != "nothing to test" for r in padding_rows("general", knn, 2))
+    failed = [r for r in padding_rows(BiasOffAtEmptyNodes, knn, 2) if not r.ok]
+    assert [(r.check, r.quantity) for r in failed] == [("padding", "y")]
+    assert failed[0].index == (0, 0, 2) and math.isinf(failed[0].ratio) and failed[0].bound == 0
+    assert failed[0].value != failed[0].oracle
+    assert failed[0].note.startswith("all-padding outputs are not exactly the bias")
+
+
+def test_the_padding_check_has_nothing_to_test_where_nothing_is_padding():
+    (row,) = padding_rows(GradientToUnread, [[0, 1]], 2)
+    assert (row.check, row.ok, row.note) == ("padding", True, "nothing to test")
+
+
+class RaisesInForward(Delegating):
+    name = "raises_in_forward"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        raise RuntimeError("no forward")
+
+
+def test_a_backend_that_raises_in_the_padding_check_fails_one_row_that_says_so():
+    (row,) = padding_rows(RaisesInForward, [[0, 1]], 3)
+    assert (row.check, row.quantity, row.ok) == ("padding", "all", False)
+    assert row.note == "raised RuntimeError: no forward"
+
+
+@pytest.mark.parametrize(
+    "dtype,threshold",
+    [
+        (torch.float16, 65504.0 + 16),  # largest finite + half its ulp (32)
+        (torch.bfloat16, (2 - 2.0**-7) * 2.0**127 + 2.0**119),
+        (torch.float32, (2 - 2.0**-23) * 2.0**127 + 2.0**103),
+    ],
+    ids=str,
+)
+def test_inf_is_allowed_where_the_magnitude_reaches_max_plus_half_an_ulp(dtype, threshold):
+    """A finite ``ref`` may come back inf only where ``M`` reaches the largest finite value plus
+    half its ulp (from there round-to-nearest gives inf); by hand, and a float64 step below."""
+    from fovi_ref.check.tolerances import Expected
+
+    def judged(magnitude: float) -> bool:
+        one = torch.ones(1, 1, 1, dtype=torch.float64)
+        zero = torch.zeros((), dtype=torch.float64)
+        expected = Expected("y", one, one * magnitude, one * 2, zero, zero, zero)
+        inf = torch.full((1, 1, 1), math.inf, dtype=dtype)
+        return judge_elementwise(inf, expected).ok
+
+    assert judged(threshold)
+    assert not judged(math.nextafter(threshold, 0))
+
+
+def test_a_bias_of_the_wrong_shape_is_refused():
+    x, w, bias, gy = small_operands(torch.float32)
+    with pytest.raises(ValueError, match="bias"):
+        expected_quantities(x, w, bias[:1], small_meta(), gy)
+
+
+def test_under_all_padding_zero_an_empty_node_adds_nothing_to_grad_bias():
+    """fovi 2.4.0's reading: an all-padding node outputs 0 and sends no gradient to the bias.
+    ``grad_bias`` then has one term (node 0's), ``M = |grad_y[0]| = 1``, so its float32 bound
+    is ``gamma_1(u) + gamma_1(u64)``; node 1's ``grad_y`` of 1000 is no term of it."""
+    meta = KNNMeta.from_knn(
+        torch.tensor([[0, 1]]), torch.zeros(2, 1, dtype=torch.int64), n_in=1, in_channels=1, v=1
+    )
+    x = torch.ones(1, 1, 1)
+    w = torch.ones(1, 1)
+    gy = torch.tensor([[[1.0, 1000.0]]])
+    expected = expected_quantities(x, w, torch.ones(1), meta, gy, all_padding="zero")
+    grad_bias = expected["grad_bias"]
+    assert float(grad_bias.value) == 1.0 and float(grad_bias.magnitude) == 1.0
+    bound = exact_gamma(1, U[torch.float32]) + exact_gamma(1, U[torch.float64])
+    assert close(float(error_bound(grad_bias, torch.float32)), bound)
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN, ids=str)
+def test_elements_without_magnitude_count_as_judged_with_one_store_only_where_h_exceeds_1(dtype):
+    """``grad_y = 0``: every gradient of ``x`` has ``M = 0``, so ``gamma_h(u) M_s >= M`` holds
+    with equality; the verdict counts the elements whose ``h`` (fan-out) is above 1, inputs 1 and
+    2 in each batch and channel (8), and no element of ``y`` (``h = 1``)."""
+    x, w, bias, gy = small_operands(dtype)
+    expected = expected_quantities(x, w, bias, small_meta(), torch.zeros_like(gy))
+    grad_x = judge_elementwise(expected["grad_x"].value.to(dtype), expected["grad_x"])
+    assert grad_x.notes == ("8 elements judged with h = 1 (the h-store bound reaches M)",)
+    x0 = expected_quantities(torch.zeros_like(x), w, None, small_meta(), gy)["y"]
+    assert judge_elementwise(x0.value.to(dtype), x0).notes == ()
+
+
+def test_the_oracle_check_reports_the_baselines_ratio_and_a_check_without_note_has_none():
+    """check_ops judges each quantity beside ``einsum_baseline`` run on the same operands (its
+    ratio reported, not judged); a row of a check that adds no note has an empty one."""
+    from fovi_ref.check.check_ops import check_ops
+    from fovi_ref.check.graphs import TestGraph
+
+    graph = TestGraph("small", small_meta(), COUT)
+    report = check_ops(
+        "general", graphs=[graph], dtypes=[torch.float32], checks=["oracle", "nonfinite"]
+    )
+    oracle = [r for r in report.rows if r.check == "oracle"]
+    assert {r.quantity for r in oracle} == {"y", "grad_x", "grad_weight"}
+    assert all(r.ok and r.baseline_ratio is not None and r.baseline_ratio <= 1 for r in oracle)
+    nonfinite = [r for r in report.rows if r.check == "nonfinite"]
+    assert nonfinite and all(r.ok and r.note == "" for r in nonfinite)
+
+
+class OneUlpAtEmptyNodes(Delegating):
+    """Outputs of all-padding nodes one float64 ulp above their bias: within the bound (at most
+    ``2 gamma_1(u64) |b|``), but not the bias."""
+
+    name = "one_ulp_at_empty_nodes"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        y = Delegating.forward(meta, x, weight, bias)
+        return torch.where(meta.pad_mask.all(dim=0), torch.nextafter(y, y + 1), y)
+
+
+def test_an_empty_nodes_output_within_the_bound_but_not_the_bias_fails_by_the_exact_rule():
+    from fovi_ref.check.check_ops import _where, check_ops
+    from fovi_ref.check.graphs import TestGraph
+
+    meta = KNNMeta.from_knn(
+        torch.tensor([[0, 1, 2]]), torch.zeros(3, 1, dtype=torch.int64), n_in=2, in_channels=2, v=1
+    )
+    graph = TestGraph("padding_case", meta, 2)
+    report = check_ops(
+        OneUlpAtEmptyNodes, graphs=[graph], dtypes=[torch.float64], checks=["padding"]
+    )
+    (failed,) = [r for r in report.rows if not r.ok]
+    assert failed.ok is False and math.isinf(failed.ratio) and failed.bound == 0.0
+    assert failed.index[2] == 2 and failed.where == _where(meta, "y", failed.index)
+    assert failed.value == math.nextafter(failed.oracle, math.inf)
+
+
+class WrongWithoutGrad(Delegating):
+    """Right under autograd, a whole bias off in a forward under ``no_grad``."""
+
+    name = "wrong_without_grad"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        y = Delegating.forward(meta, x, weight, bias)
+        return y if torch.is_grad_enabled() else y + 1
+
+
+def test_the_doors_check_runs_the_plain_forward_of_the_ops_under_test():
+    from fovi_ref.check.check_ops import check_ops
+    from fovi_ref.check.graphs import TestGraph
+
+    graph = TestGraph("small", small_meta(), COUT)
+    report = check_ops(WrongWithoutGrad, graphs=[graph], dtypes=[torch.float32], checks=["doors"])
+    failed = [(r.quantity, r.note) for r in report.rows if not r.ok]
+    assert ("y", "plain forward (no_grad)") in failed  # (the custom op's forward runs so too)
