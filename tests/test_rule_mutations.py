@@ -98,7 +98,9 @@ def test_the_readme_states_the_rules_score():
     assert stated, "the README's validator section states no score for the rule"
     keys = ("killed", "judged", "equivalent", "functions", "of")
     rule = sum(len(names) for names in RULE.FUNCTIONS.values())
-    judged = rule - len(PENDING)
+    # the record's own count, not today's: an edit to the rule changes nothing the README states
+    # until the record is written again
+    judged = sum(n != RULE.keys.MODULE for names in RECORD["functions"].values() for n in names)
     assert dict(zip(keys, map(int, stated.groups()), strict=True)) == figures | {
         "functions": judged,
         "of": rule,
