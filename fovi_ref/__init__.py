@@ -89,14 +89,15 @@ nan although ``F.linear`` would stay finite: the result is then non-finite, neve
 number (``tests/test_adversarial.py``); ``gather_gemm`` is exempt.
 
 **Non-finite values.** An inf or nan in ``x`` or in the weight reaches the elements the float64
-oracle says, with one allowance: a non-finite ``weight[o, j]`` may make every ``y[:, o, :]``
-non-finite, also at nodes that never fill cell ``j`` (the oracle leaves those finite). The
-operator is one GEMM over all ``Cin*V`` weight columns, and an empty cell enters it as a zero
-(``0 * inf`` is nan), as in fovi's ``F.linear``; keeping those nodes finite would mean masking
-every GEMM. The gradients of ``general`` and ``gather_gemm`` follow the oracle exactly
-(``einsum_baseline``'s one-hot einsum, fovi's, meets the zeros in ``grad_x`` as well).
-Non-finite upstream gradients are not promised (the GEMMs meet the same zeros). ``check_ops``'
-``nonfinite`` check judges this.
+oracle says, with one allowance: a non-finite ``weight[o, c*V + v]`` may make every
+``y[:, o, :]`` and every ``grad_x[:, c, :]`` non-finite, also at nodes that never fill that cell
+and at inputs no node reads (the oracle leaves those finite). The operator is one GEMM over all
+``Cin*V`` weight columns, and an empty cell enters it as a zero (``0 * inf`` is nan), as in
+fovi's ``F.linear``; backward, ``W^T grad_y`` carries the inf to every node, and a backward that
+sums it with a matrix (``gather_gemm``'s dense ``S``, fovi's one-hot einsum) meets the same
+zeros. Keeping those elements finite would mean masking every GEMM. ``grad_weight`` follows the
+oracle exactly. Non-finite upstream gradients are not promised (the GEMMs meet the same zeros).
+``check_ops``' ``nonfinite`` check judges this.
 
 **State.** A ``KNNConv`` keeps its graph (``knn``, ``rf_index``) as persistent buffers and what
 its backend derives as non-persistent buffers, so ``.to()``, ``copy.deepcopy``, ``pickle``,
