@@ -1,7 +1,7 @@
 """The tolerance rule's non-finite allowances (fovi_ref.check.tolerances, "Non-finite values"):
 an overflow is allowed where a correct implementation may overflow, a stored 16-bit value past
-its range is no rounding, and a non-finite weight may make its output channel of ``y``
-non-finite, nothing else."""
+its range is no rounding, and a non-finite weight may make its output channel of ``y`` and its
+input channel of ``grad_x`` non-finite, nothing else."""
 
 from __future__ import annotations
 
