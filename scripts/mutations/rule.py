@@ -378,6 +378,7 @@ def run_sample(size: int, seed: int) -> int:
     run.MUTANTS = MUTANTS  # run.py's helpers work on the mutants/ its MUTANTS names
     run.generate_mutants()
     disagree = 0
+    size = min(size, len(killed))  # every function may be pending: then nothing is sampled
     for name in random.Random(seed).sample(killed, size):
         slow = record["mutants"][name].get("by")  # killed by one of SLOW alone
         failed = run.pytest_fails(name, [slow] if slow else quick_judge())
