@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-from fovi_ref import KNNMeta
+from fovi_ref import KNNMeta, get_ops
 from fovi_ref.strategies import occupied_cells
 
 # Hypothesis profiles for tests/test_properties.py: by default a few derandomized examples per
@@ -124,3 +124,21 @@ def sample_inputs(
 def node_pairs(meta: KNNMeta, node: int) -> list[tuple[int, int]]:
     """A node's (neighbour, cell) pairs, sorted: what the convolution reads, order aside."""
     return sorted(zip(meta.knn[:, node].tolist(), meta.rf_index[node].tolist(), strict=True))
+
+
+class ForeignOps:
+    """An ops object outside the registry, delegating to general."""
+
+    name = "foreign"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        return get_ops("general").forward(meta, x, weight, bias)
+
+    @staticmethod
+    def grad_input(meta, grad_y, weight):
+        return get_ops("general").grad_input(meta, grad_y, weight)
+
+    @staticmethod
+    def grad_weight(meta, grad_y, x):
+        return get_ops("general").grad_weight(meta, grad_y, x)

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from conftest import ForeignOps
 
 from fovi_ref import get_ops, knn_autograd
 from fovi_ref.check.check_ops import CHECKS, F16_PAST_MAX_NOTE, GRAD_Z_PAST_MAX_NOTE, check_ops
@@ -64,24 +65,6 @@ def test_einsum_baseline_differs_only_where_fovis_path_makes_inf_or_nan():
     assert all("non-finite mismatches" in r.note for r in failures)
     past_max = {"y": F16_PAST_MAX_NOTE, "grad_x": GRAD_Z_PAST_MAX_NOTE}
     assert all(r.note.endswith(past_max[r.quantity]) for r in failures if r.check == "rounding")
-
-
-class ForeignOps:
-    """An ops object outside the registry, delegating to general."""
-
-    name = "foreign"
-
-    @staticmethod
-    def forward(meta, x, weight, bias):
-        return get_ops("general").forward(meta, x, weight, bias)
-
-    @staticmethod
-    def grad_input(meta, grad_y, weight):
-        return get_ops("general").grad_input(meta, grad_y, weight)
-
-    @staticmethod
-    def grad_weight(meta, grad_y, x):
-        return get_ops("general").grad_weight(meta, grad_y, x)
 
 
 def test_an_unregistered_ops_object_is_judged_on_what_a_backend_computes():

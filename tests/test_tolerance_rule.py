@@ -39,6 +39,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from conftest import ForeignOps
 
 from fovi_ref import KNNMeta, get_ops, knn_conv
 from fovi_ref.check.bench.gemm_dtypes import forced
@@ -624,46 +625,28 @@ def test_an_empty_quantity_passes_with_nothing_to_name():
 
 
 # ---------------------------------------------------- check_ops' exact padding comparisons
-class Delegating:
-    """An ops object outside the registry that computes what ``general`` does."""
-
-    name = "delegating"
-
-    @staticmethod
-    def forward(meta, x, weight, bias):
-        return get_ops("general").forward(meta, x, weight, bias)
-
-    @staticmethod
-    def grad_input(meta, grad_y, weight):
-        return get_ops("general").grad_input(meta, grad_y, weight)
-
-    @staticmethod
-    def grad_weight(meta, grad_y, x):
-        return get_ops("general").grad_weight(meta, grad_y, x)
-
-
-class GradientToUnread(Delegating):
+class GradientToUnread(ForeignOps):
     """Sends a gradient of 2^-30 to the inputs no neighbour reads."""
 
     name = "gradient_to_unread"
 
     @staticmethod
     def grad_input(meta, grad_y, weight):
-        grad_x = Delegating.grad_input(meta, grad_y, weight).clone()
+        grad_x = ForeignOps.grad_input(meta, grad_y, weight).clone()
         unread = torch.ones(meta.n_in, dtype=torch.bool)
         unread[meta.knn[~meta.pad_mask]] = False
         grad_x[:, :, unread] += 2.0**-30
         return grad_x
 
 
-class BiasOffAtEmptyNodes(Delegating):
+class BiasOffAtEmptyNodes(ForeignOps):
     """Outputs of all-padding nodes one part in 2^20 off their bias."""
 
     name = "bias_off_at_empty_nodes"
 
     @staticmethod
     def forward(meta, x, weight, bias):
-        y = Delegating.forward(meta, x, weight, bias)
+        y = ForeignOps.forward(meta, x, weight, bias)
         return torch.where(meta.pad_mask.all(dim=0), y * (1 + 2.0**-20), y)
 
 
@@ -715,7 +698,7 @@ def test_the_padding_check_has_nothing_to_test_where_nothing_is_padding():
     assert (row.check, row.ok, row.note) == ("padding", True, "nothing to test")
 
 
-class RaisesInForward(Delegating):
+class RaisesInForward(ForeignOps):
     name = "raises_in_forward"
 
     @staticmethod
@@ -823,7 +806,7 @@ def test_the_oracle_check_reports_the_baselines_ratio_and_a_check_without_note_h
     assert nonfinite and all(r.ok and r.note == "" for r in nonfinite)
 
 
-class OneUlpAtEmptyNodes(Delegating):
+class OneUlpAtEmptyNodes(ForeignOps):
     """Outputs of all-padding nodes one float64 ulp above their bias: within the bound (at most
     ``2 gamma_1(u64) |b|``), but not the bias."""
 
@@ -831,7 +814,7 @@ class OneUlpAtEmptyNodes(Delegating):
 
     @staticmethod
     def forward(meta, x, weight, bias):
-        y = Delegating.forward(meta, x, weight, bias)
+        y = ForeignOps.forward(meta, x, weight, bias)
         return torch.where(meta.pad_mask.all(dim=0), torch.nextafter(y, y + 1), y)
 
 
@@ -852,14 +835,14 @@ def test_an_empty_nodes_output_within_the_bound_but_not_the_bias_fails_by_the_ex
     assert failed.value == math.nextafter(failed.oracle, math.inf)
 
 
-class WrongWithoutGrad(Delegating):
+class WrongWithoutGrad(ForeignOps):
     """Right under autograd, a whole bias off in a forward under ``no_grad``."""
 
     name = "wrong_without_grad"
 
     @staticmethod
     def forward(meta, x, weight, bias):
-        y = Delegating.forward(meta, x, weight, bias)
+        y = ForeignOps.forward(meta, x, weight, bias)
         return y if torch.is_grad_enabled() else y + 1
 
 
