@@ -11,6 +11,7 @@ from test_segment_sum import order_sensitive_rows
 
 from fovi_ref import KNNMeta, knn_conv
 from fovi_ref.check.bench import strategies as bench_strategies
+from fovi_ref.check.bench.gemm_dtypes import forced
 from fovi_ref.check.operands import forward_and_grads
 from fovi_ref.check.tolerances import QUANTITIES, expected_quantities, judge_elementwise
 from fovi_ref.geometry import get_layer
@@ -526,3 +527,18 @@ def test_the_strategies_job_measures_reports_and_round_trips(tmp_path):
     assert all(f"\n{constant} = " in text for constant in by_constant)
     assert {name: rule.value for name, rule in bench_strategies.RULES.items()} == saved
     assert block_rows == channel_blocks.BLOCK_ROWS
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_narrow_float16_grad_z_is_stored_once_before_it_is_summed(strategy):
+    """Three nodes read input 0 through one cell, and ``grad_z = 2048 + 1 = 2049`` at each, exact
+    in float32. Narrow stores it in float16 as 2048 (a tie, to even) before the unbinning sums
+    it: ``grad_x = 3 * 2048 = 6144``. Wide sums ``3 * 2049 = 6147`` and rounds once, to 6148."""
+    knn = torch.tensor([[0, 0, 0]])  # [K=1, Nout=3]
+    meta = KNNMeta.from_knn(knn, torch.zeros(3, 1, dtype=torch.long), n_in=1, in_channels=1, v=1)
+    weight = torch.ones(2, 1, dtype=torch.float16)
+    grad_y = torch.tensor([[[2048.0] * 3, [1.0] * 3]], dtype=torch.float16)  # [B, Cout, Nout]
+    for path, want in (("narrow", 6144.0), ("wide", 6148.0)):
+        with forced(path):
+            got = forced_ops(strategy).grad_input(meta, grad_y, weight)
+        assert got.flatten().tolist() == [want], (path, got)
