@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import ForeignOps
 
 from fovi_ref import get_ops, register_ops, unregister_ops
 from fovi_ref.check.verify import BASELINE, verify_meta
@@ -30,7 +31,7 @@ def test_verify_meta_judges_every_backend_and_reports_the_baseline():
             assert c.verdict.baseline_ratio == c.verdict.ratio
 
 
-class BiasTwice:
+class BiasTwice(ForeignOps):
     """general with the bias added twice."""
 
     name = "bias_twice"
@@ -38,14 +39,6 @@ class BiasTwice:
     @staticmethod
     def forward(meta, x, weight, bias):
         return get_ops("general").forward(meta, x, weight, bias) + bias[:, None]
-
-    @staticmethod
-    def grad_input(meta, grad_y, weight):
-        return get_ops("general").grad_input(meta, grad_y, weight)
-
-    @staticmethod
-    def grad_weight(meta, grad_y, x):
-        return get_ops("general").grad_weight(meta, grad_y, x)
 
 
 def test_verify_meta_fails_a_wrong_backend_in_every_dtype():
