@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 
 import pytest
 from conftest import ROOT, load_script
@@ -27,7 +26,7 @@ PLANTED = load_script("scripts/mutation_check.py")
 JUDGE = RUN.load_sibling("judge")
 KEYS = RUN.keys
 RECORD = json.loads(RUN.RECORD.read_text())
-EQUIVALENTS = tomllib.loads(RUN.EQUIVALENTS.read_text())
+EQUIVALENTS = RUN.load_arguments(RUN.EQUIVALENTS)
 VERDICTS = {*RUN.KILLED, "killed_full", "killed_test", "equivalent", "cuda_only"}
 
 
@@ -55,7 +54,8 @@ def test_no_mutant_survived_and_every_equivalent_is_argued():
     assert not odd, f"survivors or unknown verdicts: {odd}"
     for name, mutant in RECORD["mutants"].items():
         if mutant["verdict"] in ("equivalent", "cuda_only"):
-            assert len(mutant["argument"]) > 20 and mutant["argument"] == EQUIVALENTS[name]
+            assert len(mutant["argument"]) > 20 and mutant["argument"] == EQUIVALENTS[name]["why"]
+            assert mutant["change"] == EQUIVALENTS[name]["change"], name
         if mutant["verdict"] == "killed":
             assert set(mutant["by"]) >= {"backend", "graph", "dtype", "check", "quantity"}
     argued = {n for n, v in verdicts.items() if v in ("equivalent", "cuda_only")}
@@ -275,15 +275,31 @@ def test_the_ci_sample_takes_pending_mutants_first_and_replays_by_seed():
 def test_a_kept_line_is_argued_by_the_arguments_as_they_are_now():
     """equivalents.toml decides a survivor's verdict each time the record is written: an argument
     added argues it, one removed makes it a survivor again, a CUDA-only one says so."""
-    survivor = {"file": "f.py", "verdict": "survived", "by": {}}
+    survivor = {"file": "f.py", "change": "a + b  ->  a - b", "verdict": "survived", "by": {}}
     argued = {**survivor, "verdict": "equivalent", "argument": "path: the same values"}
     assert RUN.argued("m", argued, {}) == survivor
-    assert RUN.argued("m", survivor, {"m": "path: x"})["verdict"] == "equivalent"
+    path = {"m": {"change": "a + b  ->  a - b", "why": "path: x"}}
+    assert RUN.argued("m", survivor, path)["verdict"] == "equivalent"
     reason = f"{RUN.CUDA_ONLY} on CUDA it mixes devices"
-    cuda = RUN.argued("m", argued, {"m": reason})
+    cuda = RUN.argued("m", argued, {"m": {"change": "a + b  ->  a - b", "why": reason}})
     assert (cuda["verdict"], cuda["argument"]) == ("cuda_only", reason)
     killed = {"file": "f.py", "verdict": "killed_test", "by": {"test": "t.py"}}
-    assert RUN.argued("m", killed, {"m": "path: x"}) == killed  # a kill is not argued away
+    assert RUN.argued("m", killed, path) == killed  # a kill is not argued away
+
+
+def test_an_argument_for_another_change_argues_nothing():
+    """An edit renumbers a function's mutants: an argument written for mutant 7's old change
+    leaves today's mutant 7 a survivor, with the change the argument was for; written again for
+    the new change, it argues it."""
+    survivor = {"file": "f.py", "change": "a * b  ->  a / b", "verdict": "survived", "by": {}}
+    old = {"m": {"change": "a + b  ->  a - b", "why": "path: the same values"}}
+    line = RUN.argued("m", survivor, old)
+    assert line == survivor | {"argued_change": "a + b  ->  a - b"}
+    new = {"m": {"change": "a * b  ->  a / b", "why": "path: the same values"}}
+    assert RUN.argued("m", line, new) == survivor | {
+        "verdict": "equivalent",
+        "argument": "path: the same values",
+    }
 
 
 # --------------------------------------------------- scripts/mutations/on_cuda.py (the GPU's job)

@@ -23,7 +23,8 @@ mutmut's cache is ``mutants-rule/mutants/``.
 **The judge** is :data:`TESTS`, quickest file first (:mod:`rule_order`), without the two
 slowest tests (:data:`SLOW`): mutmut runs, on each mutant, those of the tests that call the
 mutated function and stops at the first failure. A mutant they all pass is *equivalent* where
-``rule_equivalents.toml`` argues it (no test can tell it from the original), else it runs
+``rule_equivalents.toml`` argues its change (no test can tell it from the original; an
+argument names the change it is for, as the backends' do: ``run.argued``), else it runs
 :data:`SLOW` (*killed*, ``by`` the slow test) and otherwise *survived*.
 ``tests/test_rule_mutations.py`` fails on a survivor and on an argument for a mutant the record
 does not hold as equivalent. ``timeout`` and ``crashed`` count as killed.
@@ -50,7 +51,6 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
 from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
@@ -203,21 +203,22 @@ def second_stage(name: str) -> str | None:
     return None
 
 
-def verdict_of(name: str, code: int | None, equivalents: dict[str, str]) -> dict:
-    """A mutant's ``verdict`` from mutmut's exit code: for one the quick tests passed, its
-    ``argument`` where ``equivalents`` argues it, else :func:`second_stage` (``by``: the slow
-    test that killed it)."""
+def verdict_of(name: str, code: int | None, line: dict, arguments: dict) -> dict:
+    """A mutant's ``line`` with its verdict from mutmut's exit code: for one the quick tests
+    passed, equivalent where ``arguments`` argues its change (:func:`run.argued`), else
+    :func:`second_stage` (``by``: the slow test that killed it)."""
     status = run.RENAMED.get(status_by_exit_code[code], status_by_exit_code[code])
     if status in run.KILLED:
-        return {"verdict": status}
+        return line | {"verdict": status}
     if status not in ("survived", "not reached"):
         raise SystemExit(f"{name}: mutmut says {status!r}; rerun it")
-    if name in equivalents:  # argued: no test can tell it from the original
-        return {"verdict": "equivalent", "argument": equivalents[name]}
+    survivor = run.argued(name, line | {"verdict": "survived"}, arguments)
+    if survivor["verdict"] == "equivalent":  # argued: no test can tell it from the original
+        return survivor
     slow = second_stage(name)
     if slow is not None:
-        return {"verdict": "killed", "by": slow}
-    return {"verdict": "survived"} | ({"note": "no test calls it"} if code == 33 else {})
+        return line | {"verdict": "killed", "by": slow}
+    return survivor | ({"note": "no test calls it"} if code == 33 else {})
 
 
 def load_record() -> dict:
@@ -252,7 +253,7 @@ def write_record(previous: dict, entered: set[str], start: float) -> None:
     where its code is unchanged; anything else is pending (its mutant count)."""
     now = current_keys()
     stale = set(stale_functions(previous, now))
-    equivalents = tomllib.loads(EQUIVALENTS.read_text()) if EQUIVALENTS.exists() else {}
+    equivalents = run.load_arguments(EQUIVALENTS)
     codes: dict[tuple[str, str], dict[str, int | None]] = {}
     for name, (source, code) in mutmut_results().items():
         codes.setdefault((source, keys.function_of(name)), {})[name] = code
@@ -271,7 +272,7 @@ def write_record(previous: dict, entered: set[str], start: float) -> None:
                 lines = {
                     n: m for n, m in old.items() if (m["file"], m["function"]) == (source, function)
                 }
-                mutants |= {n: argued(n, m, equivalents) for n, m in lines.items()}
+                mutants |= {n: run.argued(n, m, equivalents) for n, m in lines.items()}
             else:
                 pending[f"{source}::{function}"] = len(found)
                 continue
@@ -290,7 +291,7 @@ def write_record(previous: dict, entered: set[str], start: float) -> None:
 
 
 def judged_line(
-    name: str, source: str, function: str, code: int, old: dict, equivalents: dict[str, str]
+    name: str, source: str, function: str, code: int, old: dict, arguments: dict
 ) -> dict:
     """The record's line of a mutant mutmut judged: where, what, and its verdict. One the quick
     tests passed goes through :func:`second_stage`, unless the last record has its verdict for
@@ -301,19 +302,8 @@ def judged_line(
     settled = last.get("verdict") in ("survived", "equivalent") or "by" in last
     if code == 0 and last.get("change") == change and settled:
         kept = {k: last[k] for k in ("verdict", "by", "note") if k in last}
-        return argued(name, line | kept, equivalents)
-    return line | verdict_of(name, code, equivalents)
-
-
-def argued(name: str, line: dict, equivalents: dict[str, str]) -> dict:
-    """A held line with today's arguments: an argued line whose argument is gone is a survivor
-    again, and a survivor argued since is equivalent."""
-    if line["verdict"] not in ("survived", "equivalent"):
-        return line
-    line = {k: v for k, v in line.items() if k != "argument"} | {"verdict": "survived"}
-    if name in equivalents:
-        return line | {"verdict": "equivalent", "argument": equivalents[name]}
-    return line
+        return run.argued(name, line | kept, arguments)
+    return verdict_of(name, code, line, arguments)
 
 
 def table(record: dict) -> str:

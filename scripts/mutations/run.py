@@ -32,8 +32,9 @@ repo has, and the record says which killed it:
 2. the unit tests of the mutated file (:data:`UNIT_TESTS`).
 
 A mutant none of these kills is *equivalent* or differs *on CUDA only*, with its argument in
-``equivalents.toml``, or it *survived*. ``tests/test_mutations.py`` fails on a survivor and on an
-argument whose mutant is not one of those; it never fails on pending functions.
+``equivalents.toml`` (which names the change it argues: :func:`argued`), or it *survived*.
+``tests/test_mutations.py`` fails on a survivor and on an argument whose mutant is not one of
+those; it never fails on pending functions.
 
 **Verdicts** in the record: ``killed`` (``by`` the default battery: backend and path, graph,
 dtype, check, quantity), ``timeout`` (the judge ran past mutmut's limit: an endless or far slower
@@ -272,7 +273,7 @@ def run_job(names: list[str], run: bool = True) -> None:
     elif run:
         print("nothing is pending: every function's verdicts stand, the record as it is")
         return
-    equivalents = tomllib.loads(EQUIVALENTS.read_text()) if EQUIVALENTS.exists() else {}
+    equivalents = load_arguments(EQUIVALENTS)
     rerun = {n for n in results if any(fnmatch(n, name) for name in names)} if run else set()
     judged, kept, pending = triage_functions(results, previous, now, rerun)
     same_change = by_change(previous["mutants"])
@@ -384,18 +385,32 @@ def seed_stats(previous: dict, names: list[str]) -> None:
     print(f"mutmut's stats taken from the record ({len(seeded['duration_by_test'])} judge tests)")
 
 
-def argued(name: str, line: dict, equivalents: dict[str, str]) -> dict:
-    """A survivor's line with its argument from equivalents.toml, if it has one (``cuda_only``
-    where the argument starts with :data:`CUDA_ONLY`); an argued line whose argument is gone is
-    a survivor again."""
+def load_arguments(path: Path) -> dict[str, dict[str, str]]:
+    """An equivalents file: per mutant name, the ``change`` it argues (as the record writes
+    it, :func:`change_of`) and ``why`` no test can tell that mutant from the original."""
+    return tomllib.loads(path.read_text()) if path.exists() else {}
+
+
+def argued(name: str, line: dict, arguments: dict[str, dict[str, str]]) -> dict:
+    """A survivor's line with its argument (:func:`load_arguments`), if it has one
+    (``cuda_only`` where the argument starts with :data:`CUDA_ONLY`); an argued line whose
+    argument is gone is a survivor again.
+
+    An argument holds only for the change it names. mutmut numbers a function's mutants in
+    order, so an edit to the function renumbers them, and an argument found by name alone
+    would then speak for another mutant: such a line stays a survivor, with the change its
+    argument names (``argued_change``)."""
     if line["verdict"] not in ("survived", *ARGUED):
         return line
-    line = {k: v for k, v in line.items() if k != "argument"} | {"verdict": "survived"}
-    if name not in equivalents:
+    line = {k: v for k, v in line.items() if k not in ("argument", "argued_change")}
+    line |= {"verdict": "survived"}
+    if name not in arguments:
         return line
-    argument = equivalents[name]
-    verdict = "cuda_only" if argument.startswith(CUDA_ONLY) else "equivalent"
-    return line | {"verdict": verdict, "argument": argument}
+    change, why = arguments[name]["change"], arguments[name]["why"]
+    if change != line["change"]:
+        return line | {"argued_change": change}
+    verdict = "cuda_only" if why.startswith(CUDA_ONLY) else "equivalent"
+    return line | {"verdict": verdict, "argument": why}
 
 
 def by_change(mutants: dict[str, dict]) -> dict[tuple[str, str], dict]:
