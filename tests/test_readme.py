@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import fovi_ref
+from fovi_ref.check import tightness
 from fovi_ref.check.check_ops import random_meta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,3 +199,18 @@ def test_the_shell_form_checks_the_skeleton_from_its_file(tmp_path, capsys):
     args = command.replace("my_backend.py", str(path)).split()
     assert main([*args, "--graphs", "base", "--dtypes", "float32"]) == 0
     assert "check 'mine': protocol PASS" in capsys.readouterr().out
+
+
+def test_the_readme_states_the_tightness_measured():
+    """The validator section's worst ratio per dtype is :func:`~fovi_ref.check.tightness.measure`'s
+    (inputs exact, arithmetic elementwise or sums of two exact terms: every machine agrees;
+    tests/test_tolerance_rule.py holds each computation to pass)."""
+    measured = tightness.worst_per_dtype(tightness.measure())
+    readme = " ".join(README.split())  # lines joined
+    stated = re.search(r"legal computations reach (.*?) of the bound", readme)
+    assert stated, "the README states no tightness"
+    stated_figures = re.findall(r"([\d.]+) \((\w+)\)", stated.group(1))  # [(figure, dtype)]
+    assert {dtype for _, dtype in stated_figures} == set(measured)
+    for figure, dtype in stated_figures:
+        digits = len(figure.partition(".")[2])
+        assert round(measured[dtype], digits) == float(figure), (dtype, measured[dtype])

@@ -147,23 +147,60 @@ def test_the_custom_op_door_is_judged_with_one_gradient_asked_for_at_a_time():
     assert not [r for r in sizes.rows if r.note.endswith("alone asked for")]
 
 
-def test_a_door_that_drops_a_gradient_asked_for_alone_fails():
-    """The custom op's backward rule with one planted bug: grad_x only where the weight wants a
-    gradient too (mutmut wrote it: knn_autograd's needs_input_grad[0] read as [1])."""
-    op, original = knn_autograd._knn_conv_op, knn_autograd._backward
-    setup = knn_autograd._setup_context
-
-    def drops_grad_x_with_a_frozen_weight(ctx, grad_y):
-        grad_x, *rest = original(ctx, grad_y)
-        return (grad_x if ctx.needs_input_grad[1] else None, *rest)
-
-    op.register_autograd(drops_grad_x_with_a_frozen_weight, setup_context=setup)
+def doors_with_backward(backward) -> list:
+    """check_ops' ``doors`` rows of ``general`` on the calling-convention graph, in float64,
+    with the custom op's backward rule replaced by ``backward`` (a planted bug) for the run."""
+    op, setup = knn_autograd._knn_conv_op, knn_autograd._setup_context
+    op.register_autograd(backward, setup_context=setup)
     try:
         report = check_ops("general", graphs=["base"], dtypes=(torch.float64,), checks=("doors",))
     finally:
-        op.register_autograd(original, setup_context=setup)
-    (failed,) = report.failures
+        op.register_autograd(knn_autograd._backward, setup_context=setup)
+    return report.rows
+
+
+def test_a_door_that_drops_a_gradient_asked_for_alone_fails():
+    """The custom op's backward rule with one planted bug: grad_x only where the weight wants a
+    gradient too (mutmut wrote it: knn_autograd's needs_input_grad[0] read as [1])."""
+
+    def drops_grad_x_with_a_frozen_weight(ctx, grad_y):
+        grad_x, *rest = knn_autograd._backward(ctx, grad_y)
+        return (grad_x if ctx.needs_input_grad[1] else None, *rest)
+
+    (failed,) = [r for r in doors_with_backward(drops_grad_x_with_a_frozen_weight) if not r.ok]
     assert failed.quantity == "grad_x" and "(custom op, grad_x alone asked for)" in failed.note
+
+
+def test_a_door_that_drops_grad_x_in_a_bias_free_layer_fails():
+    """grad_x and grad_weight alone are asked of a layer without a bias: a backward rule that
+    returns grad_x only where the layer has a bias fails the row of grad_x alone (and no other:
+    with every gradient asked for, the layer has its bias)."""
+
+    def grad_x_only_with_a_bias(ctx, grad_y):
+        grad_x, *rest = knn_autograd._backward(ctx, grad_y)
+        return (grad_x if ctx.has_bias else None, *rest)
+
+    (failed,) = [r for r in doors_with_backward(grad_x_only_with_a_bias) if not r.ok]
+    assert failed.quantity == "grad_x" and "(custom op, grad_x alone asked for)" in failed.note
+
+
+def test_a_door_that_raises_for_one_gradient_alone_still_has_the_others_judged():
+    """A backward rule that raises where the weight is frozen fails the rows of grad_x alone
+    and grad_bias alone, each with the error; grad_weight alone, between them, is still judged
+    (and passes)."""
+
+    def raises_with_a_frozen_weight(ctx, grad_y):
+        if not ctx.needs_input_grad[1]:
+            raise RuntimeError("the weight is frozen")
+        return knn_autograd._backward(ctx, grad_y)
+
+    rows = doors_with_backward(raises_with_a_frozen_weight)
+    alone = [(r.quantity, r.ok) for r in rows if "alone asked for" in r.note]
+    assert alone == [("grad_x", False), ("grad_weight", True), ("grad_bias", False)]
+    assert [r.note for r in rows if not r.ok] == [
+        f"raised RuntimeError: the weight is frozen (custom op, {q} alone asked for)"
+        for q in ("grad_x", "grad_bias")
+    ]
 
 
 class ZeroesEmptyNodes(ForeignOps):

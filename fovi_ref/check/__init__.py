@@ -6,7 +6,8 @@ It reaches the op only through the op's public names; the op never imports it.
   runner.
 - :mod:`~fovi_ref.check.protocol`: the backend protocol checked and policed from outside.
 - :mod:`~fovi_ref.check.magnitude`, :mod:`~fovi_ref.check.tolerances`: what "close enough to the
-  float64 oracle" means, element by element.
+  float64 oracle" means, element by element; :mod:`~fovi_ref.check.tightness`: the legal
+  computations that come nearest that bound.
 - :mod:`~fovi_ref.check.arithmetic`: the device and math settings (TF32, cuBLAS's 16-bit
   reductions) a verdict is reached under, read for every report and set while judging.
 - :mod:`~fovi_ref.check.graphs`, :mod:`~fovi_ref.check.check_ops`: the conformance battery for

@@ -696,7 +696,7 @@ def _check_doors(ops, door: str, case, operands, expected) -> list[ReportRow]:
         got = _run_custom_op(door, case.graph.meta, x, w, b, gy)
     except Exception as err:
         return rows + [case.error_row("doors", "all", err, door=note)]  # pragma: no mutate
-    quantities = [*JUDGED, "grad_bias"] if "grad_bias" in got else JUDGED
+    quantities = [*JUDGED, "grad_bias"]  # the battery's operands always hold a bias
     rows += _judge(case, "doors", got, expected, note=note, quantities=quantities)
     if case.graph.name in _SIZES_ONLY:
         return rows
