@@ -91,7 +91,9 @@ def _backends_for(meta: KNNMeta) -> list[str]:
     return [b for b in BACKENDS if getattr(get_ops(b), "supports", lambda m: True)(meta)]
 
 
-def _judged_y(case: str, meta: KNNMeta, x: torch.Tensor, w: torch.Tensor, paths) -> list[Legal]:
+def _judged_y(
+    case: str, meta: KNNMeta, x: torch.Tensor, w: torch.Tensor, paths: tuple[str, ...]
+) -> list[Legal]:
     """``y = knn_conv(x [1, 1, K], w [1, V])`` (no bias) of every backend taking ``meta``, its
     16-bit GEMMs forced each of ``paths`` (``"wide"``, ``"narrow"``), judged by the rule."""
     gy = torch.ones(1, 1, meta.n_out, dtype=x.dtype)
