@@ -203,8 +203,8 @@ def test_the_shell_form_checks_the_skeleton_from_its_file(tmp_path, capsys):
 
 def test_the_readme_states_the_tightness_measured():
     """The validator section's worst ratio per dtype is :func:`~fovi_ref.check.tightness.measure`'s
-    (inputs exact, arithmetic elementwise or sums of two exact terms: every machine agrees;
-    tests/test_tolerance_rule.py holds each computation to pass)."""
+    (the worst rows are a tie, one product and two terms, the same on every machine: the
+    tightness module's docstring; tests/test_tolerance_rule.py holds each computation to pass)."""
     measured = tightness.worst_per_dtype(tightness.measure())
     readme = " ".join(README.split())  # lines joined
     stated = re.search(r"legal computations reach (.*?) of the bound", readme)

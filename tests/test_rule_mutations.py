@@ -106,3 +106,55 @@ def test_the_readme_states_the_rules_score():
         "functions": judged,
         "of": rule,
     }
+
+
+def judged(monkeypatch, last: dict, arguments: dict, slow: str | None) -> tuple[dict, list]:
+    """``judged_line`` of a mutant the quick tests passed (mutmut's exit code 0) whose change
+    is ``a  ->  b``, with ``last`` the record's previous line and a second stage that returns
+    ``slow``; with the names the second stage was asked about."""
+    asked = []
+
+    def second_stage(name: str) -> str | None:
+        asked.append(name)
+        return slow
+
+    monkeypatch.setattr(RULE.run, "change_of", lambda name, source: (3, "a  ->  b"))
+    monkeypatch.setattr(RULE, "second_stage", second_stage)
+    line = RULE.judged_line("m", "f.py", "g", 0, {"m": last}, arguments)
+    return line, asked
+
+
+def test_a_survivor_of_the_quick_tests_runs_the_slow_ones_unless_argued_or_killed_by_them(
+    monkeypatch,
+):
+    """The second stage is skipped only where the argument names this change, or where the
+    last record says a slow test killed this same change; an equivalent line whose argument
+    is gone runs it (it never ran it), and so does a survivor."""
+    argument = {"m": {"change": "a  ->  b", "why": "the same values come out, because ..."}}
+    line, asked = judged(monkeypatch, {}, argument, slow=None)
+    assert (line["verdict"], asked) == ("equivalent", [])
+    slow = "tests/t.py::test_slow"
+    kill = {"change": "a  ->  b", "verdict": "killed", "by": slow}
+    line, asked = judged(monkeypatch, kill, {}, slow=None)
+    assert (line["verdict"], line["by"], asked) == ("killed", slow, [])
+    was_argued = {"change": "a  ->  b", "verdict": "equivalent", "argument": "gone now"}
+    line, asked = judged(monkeypatch, was_argued, {}, slow=slow)
+    assert (line["verdict"], line["by"], asked) == ("killed", slow, ["m"])
+    survivor = {"change": "a  ->  b", "verdict": "survived"}
+    line, asked = judged(monkeypatch, survivor, {}, slow=None)
+    assert (line["verdict"], asked) == ("survived", ["m"])
+    other = {"m": {"change": "c  ->  d", "why": "written for mutant m before an edit"}}
+    line, asked = judged(monkeypatch, {}, other, slow=None)
+    assert (line["verdict"], line["argued_change"], asked) == ("survived", "c  ->  d", ["m"])
+
+
+def test_an_equivalents_entry_must_hold_its_change_and_why(tmp_path):
+    path = tmp_path / "equivalents.toml"
+    path.write_text('["m"]\nchange = "a  ->  b"\nwhy = "the same values"\n')
+    assert RULE.run.load_arguments(path) == {"m": {"change": "a  ->  b", "why": "the same values"}}
+    path.write_text('["m"]\nchnage = "a  ->  b"\nwhy = "the same values"\n')
+    with pytest.raises(SystemExit, match="m must hold exactly 'change' and 'why'"):
+        RULE.run.load_arguments(path)
+    path.write_text('"m" = "an argument without its change"\n')
+    with pytest.raises(SystemExit, match="m must hold"):
+        RULE.run.load_arguments(path)

@@ -5,9 +5,11 @@ numbers derived by hand) or too tight: it then fails a correct kernel on another
 another summation order. Each function here builds one computation that a correct kernel may
 do, judges it by :func:`~fovi_ref.check.tolerances.judge_elementwise` and returns its
 :class:`Legal` rows, ``ratio = |error| / bound`` of its worst element. Every row must pass;
-the closer its ratio to 1, the less room the rule leaves. The inputs are exact and the
-arithmetic elementwise IEEE (or sums of two or three exact terms), so every machine reaches
-the same ratios.
+the closer its ratio to 1, the less room the rule leaves. The rows that come nearest the bound
+(a tie, one product, two terms) have exact inputs and one rounding that matters, whoever
+computes them, and the elementwise sums of :func:`summation_order` are IEEE operations written
+out: those ratios are the same on every machine. A backend's row on a long sum follows the
+order its reduction or GEMM adds in, which another CPU or BLAS path may change.
 
 - **16 bits** (:func:`tie_rounding`, :func:`stored_cell_tie`): a sum exact in float32 that
   lands just below a rounding tie and is rounded once, wide and narrow alike; on the narrow
@@ -146,8 +148,8 @@ def large_partial_sums() -> list[Legal]:
 
 def float32_product_tie() -> list[Legal]:
     """float32, ``N = 1``: ``y = x w`` with ``x = w = 1 + 2^-12``, whose exact product
-    ``1 + 2^-11 + 2^-24`` is a tie (an error of ``u``, rounded to even): the error is
-    ``gamma_1(u) |t| (1 - u) / (1 + 2^-11)`` of the bound."""
+    ``p = 1 + 2^-11 + 2^-24`` is a tie, rounded to even: an error of ``u = 2^-24`` against a
+    bound of about ``gamma_1(u) p``, a ratio of about ``(1 - u) / p``."""
     x = torch.tensor([[[1 + 2.0**-12]]], dtype=torch.float32)
     w = torch.tensor([[1 + 2.0**-12]], dtype=torch.float32)
     return _judged_y("one product at a tie", one_node([0]), x, w, ("wide",))

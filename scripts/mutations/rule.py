@@ -213,7 +213,7 @@ def verdict_of(name: str, code: int | None, line: dict, arguments: dict) -> dict
     if status not in ("survived", "not reached"):
         raise SystemExit(f"{name}: mutmut says {status!r}; rerun it")
     survivor = run.argued(name, line | {"verdict": "survived"}, arguments)
-    if survivor["verdict"] == "equivalent":  # argued: no test can tell it from the original
+    if survivor["verdict"] != "survived":  # argued: no test can tell it from the original
         return survivor
     slow = second_stage(name)
     if slow is not None:
@@ -232,6 +232,7 @@ def run_job(names: list[str]) -> None:
     the ``names`` in that file), then the record (:func:`write_record`), so that a run cut
     short keeps every file it finished."""
     start = time.monotonic()
+    run.load_arguments(EQUIVALENTS)  # a malformed entry stops the job before mutmut runs
     prepare_work_folder()
     entered = set()
     for source in FUNCTIONS:
@@ -294,15 +295,15 @@ def judged_line(
     name: str, source: str, function: str, code: int, old: dict, arguments: dict
 ) -> dict:
     """The record's line of a mutant mutmut judged: where, what, and its verdict. One the quick
-    tests passed goes through :func:`second_stage`, unless the last record has its verdict for
-    the same change (a second stage costs whole batteries)."""
+    tests passed goes through :func:`verdict_of`, unless the last record says a slow test
+    killed the same change (a second stage costs whole batteries). A survivor or an equivalent
+    line is judged again: an equivalent one never ran the second stage, and a survivor is a
+    finding worth the batteries."""
     line_no, change = run.change_of(name, source)
     line = {"file": source, "function": function, "line": line_no, "change": change}
     last = old.get(name, {})
-    settled = last.get("verdict") in ("survived", "equivalent") or "by" in last
-    if code == 0 and last.get("change") == change and settled:
-        kept = {k: last[k] for k in ("verdict", "by", "note") if k in last}
-        return run.argued(name, line | kept, arguments)
+    if code == 0 and last.get("change") == change and "by" in last:
+        return line | {"verdict": last["verdict"], "by": last["by"]}
     return verdict_of(name, code, line, arguments)
 
 

@@ -257,6 +257,7 @@ def run_job(names: list[str], run: bool = True) -> None:
     """mutmut run on ``names`` (none: the mutants of every pending function; ``run`` False:
     mutmut's cache as it is), then the second stage for the survivors, then the record."""
     start = time.monotonic()
+    equivalents = load_arguments(EQUIVALENTS)  # first: a malformed entry stops the job here
     previous = json.loads(RECORD.read_text()) if RECORD.exists() else {"mutants": {}}
     now = function_keys_now()
     generate_mutants()  # mutmut's names of every mutant, to know the pending ones by name
@@ -273,7 +274,6 @@ def run_job(names: list[str], run: bool = True) -> None:
     elif run:
         print("nothing is pending: every function's verdicts stand, the record as it is")
         return
-    equivalents = load_arguments(EQUIVALENTS)
     rerun = {n for n in results if any(fnmatch(n, name) for name in names)} if run else set()
     judged, kept, pending = triage_functions(results, previous, now, rerun)
     same_change = by_change(previous["mutants"])
@@ -387,8 +387,13 @@ def seed_stats(previous: dict, names: list[str]) -> None:
 
 def load_arguments(path: Path) -> dict[str, dict[str, str]]:
     """An equivalents file: per mutant name, the ``change`` it argues (as the record writes
-    it, :func:`change_of`) and ``why`` no test can tell that mutant from the original."""
-    return tomllib.loads(path.read_text()) if path.exists() else {}
+    it, :func:`change_of`) and ``why`` no test can tell that mutant from the original. An entry
+    with other keys stops the job before mutmut runs, naming the entry."""
+    arguments = tomllib.loads(path.read_text()) if path.exists() else {}
+    for name, entry in arguments.items():
+        if not isinstance(entry, dict) or set(entry) != {"change", "why"}:
+            raise SystemExit(f"{path.name}: {name} must hold exactly 'change' and 'why'")
+    return arguments
 
 
 def argued(name: str, line: dict, arguments: dict[str, dict[str, str]]) -> dict:
