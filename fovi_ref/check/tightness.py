@@ -38,9 +38,11 @@ from dataclasses import dataclass
 
 import torch
 
-from fovi_ref import KNNMeta, dtype_name, get_ops, knn_conv
+from fovi_ref import KNNMeta, dtype_name, knn_conv
 from fovi_ref.check.bench.gemm_dtypes import forced
 from fovi_ref.check.tolerances import UNIT_ROUNDOFF, expected_quantities, judge_elementwise
+from fovi_ref.check.verify import backends_for
+from fovi_ref.precision import SIXTEEN_BIT
 
 __all__ = [
     "ORDER_TERMS",
@@ -56,7 +58,6 @@ __all__ = [
 
 BACKENDS = ("general", "gather_gemm", "einsum_baseline")
 """fovi_ref's backends, each judged on every computation it takes."""
-SIXTEEN = (torch.float16, torch.bfloat16)
 ORDER_TERMS = (2, 8, 64, 512)
 """The cell sizes ``N`` :func:`measure` searches another summation order at."""
 
@@ -88,11 +89,6 @@ def just_below_a_tie(dtype: torch.dtype) -> float:
     return u - 2 * u * u
 
 
-def _backends_for(meta: KNNMeta) -> list[str]:
-    """The backends of :data:`BACKENDS` that take ``meta`` (gather_gemm: K = V = 1 only)."""
-    return [b for b in BACKENDS if getattr(get_ops(b), "supports", lambda m: True)(meta)]
-
-
 def _judged_y(
     case: str, meta: KNNMeta, x: torch.Tensor, w: torch.Tensor, paths: tuple[str, ...]
 ) -> list[Legal]:
@@ -101,12 +97,12 @@ def _judged_y(
     gy = torch.ones(1, 1, meta.n_out, dtype=x.dtype)
     expected = expected_quantities(x, w, None, meta, gy)["y"]
     rows = []
-    for backend in _backends_for(meta):
+    for backend in [b for b in backends_for(meta) if b in BACKENDS]:  # gather_gemm: K = V = 1
         for gemms in paths:
             with forced(gemms):
                 y = knn_conv(x, w, None, meta, backend=backend)
             verdict = judge_elementwise(y, expected)
-            by = backend + (f" {gemms}" if x.dtype in SIXTEEN else "")
+            by = backend + (f" {gemms}" if x.dtype in SIXTEEN_BIT else "")
             rows.append(Legal(case, dtype_name(x.dtype), by, verdict.ratio, verdict.ok))
     return rows
 
@@ -185,7 +181,7 @@ def summation_order(
 def measure() -> list[Legal]:
     """Every computation of this module: :func:`summation_order` at each of
     :data:`ORDER_TERMS`, in float32 and float64."""
-    rows = [r for dtype in SIXTEEN for r in tie_rounding(dtype) + stored_cell_tie(dtype)]
+    rows = [r for dtype in SIXTEEN_BIT for r in tie_rounding(dtype) + stored_cell_tie(dtype)]
     rows += large_partial_sums() + float32_product_tie()
     for dtype in (torch.float32, torch.float64):
         for terms in ORDER_TERMS:
