@@ -34,6 +34,7 @@ from fovi_ref.check.check_ops import _first_offender, _unread_inputs
 from fovi_ref.check.tolerances import (
     QUANTITIES,
     Expected,
+    accumulated_error,
     error_bound,
     expected_quantities,
     gamma,
@@ -102,12 +103,21 @@ def shared(n: int, v: int) -> bool:
 
 
 def exact_sizes(x, w, bias, gy, separate: bool = False) -> dict[str, dict]:
-    """Per quantity, ``{index: (ref, M, N, M_s, h, P)}`` as Fractions, straight from the
-    operator's definition and the rule's list of stores (tolerances step 2 (c)-(e))."""
+    """Per quantity, ``{index: (ref, M, N, M_s, h, P, A + B)}`` as Fractions, straight from the
+    operator's definition and the rule's list of stores (tolerances step 2 (c)-(e)); ``A + B``:
+    the largest ``|value|`` of each of the two operands the quantity multiplies (step 2 (f))."""
     f = [[[Fraction(float(v)) for v in row] for row in mat] for mat in x.double().tolist()]
     wf = [[Fraction(float(v)) for v in row] for row in w.double().tolist()]
     bf = [Fraction(float(v)) for v in bias.double().tolist()]
     gf = [[[Fraction(float(v)) for v in row] for row in mat] for mat in gy.double().tolist()]
+    x_max = max(abs(v) for mat in f for row in mat for v in row)
+    w_max = max(abs(v) for row in wf for v in row)
+    g_max = max(abs(v) for mat in gf for row in mat for v in row)
+    factors = {
+        "y": max(x_max, *map(abs, bf)) + w_max,  # the bias is added by y's GEMM
+        "grad_x": w_max + g_max,
+        "grad_weight": g_max + x_max,
+    }
     z = {
         (b, c, v, n): sum(
             (f[b][c][i] for _, i, cell in real_neighbours(n) if cell == v), Fraction(0)
@@ -137,7 +147,7 @@ def exact_sizes(x, w, bias, gy, separate: bool = False) -> dict[str, dict]:
                 h, p = 1, 0
                 if separate:  # (d): W x stored before the bias is added
                     m_s, h, p = m - abs(bf[o]), 1 + (m_s > 0), 1
-                out["y"][b, o, n] = (sum(terms), m, len(terms), m_s, h, p)
+                out["y"][b, o, n] = (sum(terms), m, len(terms), m_s, h, p, factors["y"])
         for c in range(CIN):
             for i in range(N_IN):
                 terms = [
@@ -148,7 +158,15 @@ def exact_sizes(x, w, bias, gy, separate: bool = False) -> dict[str, dict]:
                     if j == i
                 ]
                 m = sum(abs(t) for t in terms)
-                out["grad_x"][b, c, i] = (sum(terms), m, len(terms), m, fan_out[i], fan_out[i])
+                out["grad_x"][b, c, i] = (
+                    sum(terms),
+                    m,
+                    len(terms),
+                    m,
+                    fan_out[i],
+                    fan_out[i],
+                    factors["grad_x"],
+                )
     for o in range(COUT):
         for c in range(CIN):
             for v in range(V):
@@ -166,9 +184,18 @@ def exact_sizes(x, w, bias, gy, separate: bool = False) -> dict[str, dict]:
                     if shared(n, v)
                 )
                 m = sum(abs(t) for t in terms)
-                out["grad_weight"][o, c * V + v] = (sum(terms), m, len(terms), m_s, 1, 0)
+                out["grad_weight"][o, c * V + v] = (
+                    sum(terms),
+                    m,
+                    len(terms),
+                    m_s,
+                    1,
+                    0,
+                    factors["grad_weight"],
+                )
         terms = [gf[b][o][n] for b in range(B) for n in range(3)]
-        out["grad_bias"][(o,)] = (sum(terms), sum(abs(t) for t in terms), len(terms), 0, 0, 0)
+        m = sum(abs(t) for t in terms)
+        out["grad_bias"][(o,)] = (sum(terms), m, len(terms), 0, 0, 0, None)  # a sum: no GEMM
     return out
 
 
@@ -181,11 +208,13 @@ def exact_bound(sizes: tuple, dtype: torch.dtype) -> Fraction:
 
         one precision:  gamma_N(u) M + N eta
         16-bit:         u |ref| + eta (1 + P)
-                        + (1 + u) [gamma_h(u) M_s + (1 + gamma_h(u)) gamma_N(u32) M + N eta32]
+                        + (1 + u) [gamma_h(u) M_s + (1 + gamma_h(u)) gamma_N(u32) M + N eta32
+                                   + flush]
 
     each plus the oracle's own ``gamma_N(u64) M + N eta64``; ``h = 1`` where ``h > 1`` stores
-    would allow ``gamma_h(u) M_s >= M``."""
-    ref, m, n, m_s, h, p = sizes
+    would allow ``gamma_h(u) M_s >= M``; in bfloat16 (not for ``grad_bias``, a sum and no GEMM)
+    plus the flush to zero, ``tau N (A + B + 5 + tau)`` with ``tau = 2^-126``."""
+    ref, m, n, m_s, h, p, factors = sizes
     u, eta = U[dtype], ETA[dtype]
     oracle = exact_gamma(n, U[torch.float64]) * m + n * ETA[torch.float64]
     if dtype not in SIXTEEN:
@@ -195,6 +224,9 @@ def exact_bound(sizes: tuple, dtype: torch.dtype) -> Fraction:
     g_h = exact_gamma(h, u)
     u32, eta32 = U[torch.float32], ETA[torch.float32]
     inner = g_h * m_s + (1 + g_h) * exact_gamma(n, u32) * m + n * eta32
+    if dtype == torch.bfloat16 and factors is not None:
+        tau = Fraction(1, 2**126)
+        inner += tau * n * (factors + 5 + tau)
     return u * abs(ref) + eta * (1 + p) + (1 + u) * inner + oracle
 
 
@@ -452,7 +484,8 @@ def test_grad_x_of_a_hub_at_the_edge_of_vacuous_stores(dtype, edge):
         gy = torch.ones(1, 1, readers, dtype=dtype)
         expected = expected_quantities(x, w, None, meta, gy)["grad_x"]
         m = Fraction(readers, 2)
-        sizes = (m, m, readers, m, readers, readers)  # ref = M_s = M, h = P = F
+        # ref = M_s = M, h = P = F; A + B = max |w| + max |grad_y| = 1/2 + 1
+        sizes = (m, m, readers, m, readers, readers, Fraction(3, 2))
         assert bool(vacuous_stores(expected, dtype).all()) == (readers == edge)
         one_precision = vacuous_stores(expected, torch.float32)
         assert one_precision.dtype == torch.bool and not one_precision.any()
@@ -683,69 +716,173 @@ def test_a_backend_that_raises_in_the_padding_check_fails_one_row_that_says_so()
 
 
 FLOAT32_OVERFLOW = (2 - 2.0**-23) * 2.0**127 + 2.0**103  # largest finite + half its ulp
+FLOAT16_OVERFLOW = 65504.0 + 16  # largest finite + half its ulp (32)
 
 
-def one_y(ref: float, magnitude: float) -> Expected:
-    """One element of ``y``: the oracle's ``ref``, two terms of magnitude ``M``, no cell stored."""
+def one_y(ref: float, magnitude: float, stored: float = 0.0, stores: float = 0.0) -> Expected:
+    """One element of ``y``: the oracle's ``ref``, two terms of magnitude ``M``, and ``M_s``
+    stored ``h`` times (none by default)."""
     one = torch.ones(1, 1, 1, dtype=torch.float64)
     zero = torch.zeros((), dtype=torch.float64)
-    return Expected("y", one * ref, one * magnitude, one * 2, zero, zero, zero)
+    return Expected("y", one * ref, one * magnitude, one * 2, one * stored, one * stores, zero)
+
+
+def _judged(value: float, dtype: torch.dtype, expected: Expected) -> bool:
+    """Whether ``value`` (an inf or a nan) passes for the one element of ``expected``."""
+    return judge_elementwise(torch.full((1, 1, 1), value, dtype=dtype), expected).ok
 
 
 def _inf_judged(dtype: torch.dtype, ref: float, magnitude: float) -> bool:
     """Whether an inf passes where the oracle says ``ref`` with terms of magnitude ``M``."""
-    inf = torch.full((1, 1, 1), math.inf, dtype=dtype)
-    return judge_elementwise(inf, one_y(ref, magnitude)).ok
+    return _judged(math.inf, dtype, one_y(ref, magnitude))
 
 
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_inf_is_allowed_where_the_magnitude_reaches_the_accumulators_overflow(dtype):
-    """A finite ``ref`` may come back inf where ``M`` reaches the largest float32 plus half its
-    ulp (the accumulator both dtypes sum in: from there a partial sum may round to inf); by
-    hand, and a float64 step below. (In float16 an ``M`` that large makes the bound itself
-    pass 65504, so the result's own rule, the test below, decides.)"""
-    assert _inf_judged(dtype, 1.0, FLOAT32_OVERFLOW)
-    assert not _inf_judged(dtype, 1.0, math.nextafter(FLOAT32_OVERFLOW, 0))
+def test_any_non_finite_value_is_allowed_where_the_magnitude_reaches_the_accumulators_overflow(
+    dtype, bad
+):
+    """A finite ``ref`` may come back inf of either sign, or nan (two partial sums overflowed
+    with opposite signs), where ``M`` reaches the largest float32 plus half its ulp (the
+    accumulator both dtypes sum in: from there a partial sum may round to inf); by hand, and a
+    float64 step below, where no value but the result's own rounding may be non-finite."""
+    assert _judged(bad, dtype, one_y(1.0, FLOAT32_OVERFLOW))
+    assert not _judged(bad, dtype, one_y(1.0, math.nextafter(FLOAT32_OVERFLOW, 0)))
 
 
 @pytest.mark.parametrize(
     "dtype,threshold",
     [
-        (torch.float16, 65504.0 + 16),  # largest finite + half its ulp (32)
+        (torch.float16, FLOAT16_OVERFLOW),
         (torch.bfloat16, (2 - 2.0**-7) * 2.0**127 + 2.0**119),
     ],
     ids=str,
 )
 def test_a_16_bit_inf_is_allowed_where_the_result_rounds_past_its_range_only(dtype, threshold):
     """In 16 bits a large ``M`` alone allows no inf: a stored value past the range is no
-    rounding. The result itself may round to inf once ``|ref|`` plus its bound reaches the
-    dtype's largest finite value plus half its ulp; ``ref`` at that threshold passes, and
-    ``ref = 1`` with ``M`` there fails."""
+    rounding. The result itself may round to inf once ``|ref|`` plus the error of its sum
+    reaches the dtype's largest finite value plus half its ulp; ``ref`` at that threshold
+    passes, and ``ref = 1`` with ``M`` there fails. The inf must be on ``ref``'s side, and a
+    rounding never gives nan."""
     assert _inf_judged(dtype, threshold, threshold)
     assert not _inf_judged(dtype, 1.0, threshold)
+    assert _judged(-math.inf, dtype, one_y(-threshold, threshold))
+    assert not _judged(-math.inf, dtype, one_y(threshold, threshold))
+    assert not _judged(math.inf, dtype, one_y(-threshold, threshold))
+    assert not _judged(math.nan, dtype, one_y(threshold, threshold))
 
 
-def test_a_16_bit_inf_is_allowed_where_ref_plus_its_bound_is_the_threshold_exactly():
+def test_the_overflow_door_is_the_accumulated_error_by_hand():
+    """``r``, the error of the sum rounded last (:func:`accumulated_error`), is the float32
+    accumulation's and the oracle's, ``gamma_N(u32) M + N eta32 + gamma_N(u64) M + N eta64``,
+    and no stored value's: the same with ``M_s = M`` stored 40 times."""
+    for expected in (one_y(1.0, 3.0), one_y(1.0, 3.0, stored=3.0, stores=40.0)):
+        want = sum(
+            (exact_gamma(2, U[d]) * 3 + 2 * ETA[d] for d in (torch.float32, torch.float64)),
+            Fraction(0),
+        )
+        for dtype in SIXTEEN:
+            assert close(float(accumulated_error(expected, dtype)), want)
+    assert close(
+        float(accumulated_error(one_y(1.0, 3.0), torch.float32)),
+        exact_bound((1, 3, 2, 0, 0, 0, None), torch.float32),  # float32: the whole bound
+    )
+
+
+def test_a_16_bit_inf_is_allowed_where_ref_plus_its_accumulated_error_is_the_threshold_exactly():
     """The edge itself: a value at the largest finite float16 plus half its ulp rounds to inf
-    (the tie goes to the even side, inf), so an inf passes where ``|ref| + bound`` equals it
-    exactly, and fails a float64 step below. The ``ref`` that reaches it exactly is found by
-    bisection over float64 values with the rule's own bound (elementwise float64, the same on
-    every machine): this test is about where the comparison starts, not about the bound."""
-    threshold = 65504.0 + 16
+    (the tie goes to the even side, inf), so an inf passes where ``ref + r`` equals it exactly,
+    and fails a float64 step below. The ``ref`` that reaches it exactly is found by bisection
+    over float64 values with the rule's own ``r`` (elementwise float64, the same on every
+    machine): this test is about where the comparison starts, not about ``r``."""
 
-    def reach(ref: float) -> float:  # |ref| + bound, as the rule adds them (float64)
-        return float(ref + error_bound(one_y(ref, ref), torch.float16))
+    def reach(ref: float) -> float:  # ref + r, as the rule adds them (float64)
+        return float(ref + accumulated_error(one_y(ref, ref), torch.float16))
 
     def as_float(bits: int) -> float:
         return struct.unpack("<d", struct.pack("<q", bits))[0]
 
-    below, above = (struct.unpack("<q", struct.pack("<d", v))[0] for v in (1.0, threshold))
+    below, above = (struct.unpack("<q", struct.pack("<d", v))[0] for v in (1.0, FLOAT16_OVERFLOW))
     while above - below > 1:  # reach(below) < threshold <= reach(above)
         middle = (below + above) // 2
-        below, above = (below, middle) if reach(as_float(middle)) >= threshold else (middle, above)
-    assert reach(as_float(above)) == threshold  # reached exactly, not jumped over
+        below, above = (
+            (below, middle) if reach(as_float(middle)) >= FLOAT16_OVERFLOW else (middle, above)
+        )
+    assert reach(as_float(above)) == FLOAT16_OVERFLOW  # reached exactly, not jumped over
     assert _inf_judged(torch.float16, as_float(above), as_float(above))
     assert not _inf_judged(torch.float16, as_float(below), as_float(below))
+
+
+def hub(readers: int) -> KNNMeta:
+    """One input read by ``readers`` nodes, each in its one cell."""
+    return KNNMeta.from_knn(
+        torch.zeros(1, readers, dtype=torch.int64),
+        torch.zeros(readers, 1, dtype=torch.int64),
+        n_in=1,
+        in_channels=1,
+        v=1,
+    )
+
+
+@pytest.mark.parametrize(
+    "readers,weight,pair",
+    [
+        (2, 2.0, (40000.0, -39936.0)),
+        (40, 2.0, (40000.0, -39936.0)),
+        (64, 2.0, (40000.0, -39936.0)),
+        (512, 2.0, (40000.0, -39936.0)),
+        (2, 1024.0, (40000.0, -39968.0)),
+    ],
+    ids=["F2", "F40", "F64", "F512", "F2-w1024"],
+)
+def test_stored_intermediates_never_let_a_non_finite_value_stand_for_a_small_gradient(
+    readers, weight, pair
+):
+    """float16, one input read by ``F`` nodes, upstream gradients of a gradient scaler's size
+    with alternating signs: each ``grad_z = w grad_y`` is past 65504, the exact ``grad_x`` is
+    ``w (40000 - 39936) F / 2 = 64 F`` (2,560 at 40 readers; 32,768 for two readers and a
+    weight of 1,024, ``1024 * 32``), and fits. From 40 readers the ``h = F`` store allowance
+    alone carries ``ref`` past the overflow threshold, yet neither nan (a float16 ``grad_z``:
+    ``inf - inf``) nor inf stands for it, and the row names the input; the exact value,
+    rounded, passes."""
+    x = torch.ones(1, 1, 1, dtype=torch.float16)
+    w = torch.full((1, 1), weight, dtype=torch.float16)
+    gy = torch.tensor(pair * (readers // 2), dtype=torch.float16).view(1, 1, readers)
+    expected = expected_quantities(x, w, None, hub(readers), gy)["grad_x"]
+    exact = weight * (pair[0] + pair[1]) * readers / 2
+    assert float(expected.value) == exact < 65504
+    store_door = float(expected.value + error_bound(expected, torch.float16))
+    assert (store_door >= FLOAT16_OVERFLOW) == (readers >= 40 or weight > 2)
+    for bad in (math.nan, math.inf, -math.inf):
+        verdict = judge_elementwise(torch.full((1, 1, 1), bad, dtype=torch.float16), expected)
+        assert not verdict.ok and verdict.nonfinite_mismatches == 1, bad
+        assert verdict.worst_index == (0, 0, 0) and verdict.worst_ref == exact
+    assert judge_elementwise(expected.value.to(torch.float16), expected).ok
+
+
+def test_an_infinite_oracle_takes_the_same_inf_or_a_nan_and_a_nan_oracle_a_nan():
+    """``ref = +inf`` (an inf input times a positive weight): ``+inf`` passes, so does nan (no
+    sign claimed: a one-hot einsum's ``0 * inf``), ``-inf`` and any finite value fail; the
+    mirror for ``-inf``; ``ref = nan`` takes nan alone. In every dtype."""
+    one = torch.ones(3, dtype=torch.float64)
+    value = torch.tensor([math.inf, -math.inf, math.nan], dtype=torch.float64)
+    expected = Expected("y", value, one * math.inf, one * 2, one * 0, one * 0, one * 0)
+    inf, nan = math.inf, math.nan
+    cases = {
+        (inf, -inf, nan): True,
+        (nan, nan, nan): True,
+        (-inf, -inf, nan): False,
+        (inf, inf, nan): False,
+        (inf, -inf, inf): False,
+        (inf, -inf, -inf): False,
+        (inf, -inf, 1.0): False,
+        (1.0, -inf, nan): False,
+    }
+    for dtype in ALL:
+        for got, ok in cases.items():
+            verdict = judge_elementwise(torch.tensor(got, dtype=dtype), expected)
+            assert verdict.ok == ok, (dtype, got)
+            assert verdict.nonfinite_mismatches == (0 if ok else 1), (dtype, got)
 
 
 def test_a_bias_of_the_wrong_shape_is_refused():

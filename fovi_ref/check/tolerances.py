@@ -118,10 +118,37 @@ kinds of error:
     values that contain a product can underflow: the output, once, and for ``grad_x`` the
     ``P = F(i)`` stored ``grad_z`` values (and for ``y`` the bias-free sum, ``P = 1``, under (d)).
 
-Adding (a)-(e), with the cross terms of small factors kept so the bound is rigorous::
+(f) *bfloat16 GEMMs that flush to zero*. A CPU with native bfloat16 GEMMs (AVX512-BF16, AMX;
+    :func:`fovi_ref.precision.platform` says ``cpu_bf16``) runs them in oneDNN kernels that read
+    a subnormal operand as zero and flush a product or partial sum below the smallest normal,
+    ``2^-126`` (bfloat16 and float32 share it), to zero: a ``[16, 64] @ [64, 16]`` GEMM of
+    ``2^-130`` and ones gives 0 where the sum is ``2^-124``. Neither step is a rounding of step
+    0 (``eta`` is ``2^-150`` in float32), and the backends cannot avoid it without running every
+    bfloat16 GEMM wide, so the rule allows it in bfloat16, on every device (a judge does not
+    know which GEMM ran). With ``tau = 2^-126``: reading an operand ``a`` as ``a + d``,
+    ``|d| < tau``, changes a term ``a b`` by less than ``tau (|a| + |b| + tau)`` where both may
+    flush, and each product and addition loses less than ``tau`` flushed. A GEMM's operand is an
+    input or a sum of inputs stored once (a cell ``z``, of at most as many neighbours as its
+    terms), and a term passes at most two GEMMs, two products and two additions (``grad_x``
+    through ``gather_gemm``'s dense one-hot ``S``, whose second operand, ``grad_z`` read as
+    ``grad_z + d``, loses less than ``tau`` more), so over the ``N`` terms of one element::
+
+        flush = tau * N * (A + B + 5 + tau),   A, B: the largest |value| of the two operands
+
+    (``x`` and ``weight``, the bias counted with ``x``, for ``y``; ``weight`` and ``grad_y``
+    for ``grad_x``; ``grad_y`` and ``x`` for ``grad_weight``; :attr:`Expected.factor_max`).
+    It is about ``1e-37 N`` for operands of order one: it decides nothing on ordinary data, and
+    below ``1e-37`` it lets a bfloat16 result be zero. float16 keeps its subnormals (its GEMMs
+    on a CPU run in float32; cuBLAS keeps them), so no such term there, and a float16 subnormal
+    lost fails. ``tests/test_tolerances_flush.py`` holds both on a machine that flushes.
+
+Adding (a)-(f), with the cross terms of small factors kept so the bound is rigorous::
 
     bound = u |ref| + eta (1 + P)
-            + (1 + u) [gamma_h(u) M_s + (1 + gamma_h(u)) gamma_N(u32) M + N eta32]
+            + (1 + u) [gamma_h(u) M_s + (1 + gamma_h(u)) gamma_N(u32) M + N eta32 + flush]
+
+(``flush`` in bfloat16 alone; like every error before the last store, the result's rounding
+may scale it by ``1 + u``).
 
 **What fovi_ref's own 16-bit paths use of it** (:mod:`fovi_ref.precision`). *Wide* (float32
 GEMMs) stores nothing before the result: its error is (a) and (b) alone,
@@ -168,17 +195,35 @@ rule guards there is *precision* (accumulating in the storage dtype; under
 :class:`Verdict` reports the worst element's ``error / bound`` so one can see how much room a
 check left.
 
-**Non-finite values.** An inf or nan in the inputs must reach exactly the outputs the oracle says:
-the masks of non-finite elements must be equal (inf and nan are not told apart); finite elements
-are judged by the bound. A finite ``ref`` may come back non-finite only where a correct
-implementation can overflow: where the result itself may round past the largest finite value
-(``|ref| + bound`` reaches the dtype's overflow threshold), or where ``M`` reaches the overflow
-threshold of the accumulation dtype (``M`` bounds every partial sum, so below it no float32
-accumulator overflows, and above it one may, ``inf - inf`` then being nan). In float32 and
-float64 that is ``M`` against the dtype's own threshold. In float16 the allowance ends there: the
-roundings step 2 allows are bounded roundings, and a value stored past 65504 is inf, no rounding,
-so a stored intermediate (a cell, ``grad_z``, a partial sum of 16-bit atomics) that overflows
-where the result does not fails, however large ``M``.
+**Non-finite values.** An inf or nan in the inputs must reach exactly the outputs the oracle says,
+and a finite ``ref`` may come back non-finite only where a correct implementation can make it so.
+Element by element:
+
+- ``ref`` finite, the value ``+inf`` (``-inf``): allowed where the result itself rounds past
+  the largest finite value, ``ref + r >= T`` (``ref - r <= -T``), ``T`` the dtype's overflow
+  threshold (:func:`overflow_threshold`: the largest finite value plus half its ulp, which
+  round-to-nearest takes to inf) and ``r`` the error of the sum that is rounded last: the
+  accumulator's and the oracle's, ``gamma_N(u_acc) M + N eta_acc`` plus the oracle's term
+  (:func:`accumulated_error`). The allowances for stored intermediates ((c), (d)) never open
+  this door: a stored value past the range is inf, no rounding, so a cell, a ``grad_z`` or a
+  partial sum of 16-bit atomics that overflows where the result does not fails, however large
+  ``M`` or the fan-out (with ``h = F`` stores, ``gamma_F(u) M_s`` passes 65504 at an input of
+  40 readers under a gradient scaler's upstream gradients, while the exact ``grad_x`` is
+  small). The price: a narrow result within ``u M_s`` of ``T`` whose once-stored cells carry
+  it past ``T`` fails, where wide rounds it to the largest finite value. The sign is judged:
+  an inf of the other sign than ``ref`` is no overflow of ``ref``, and a ReLU after it would
+  turn an overflow into 0;
+- ``ref`` finite, the value ``nan``: a correct sum of finite numbers that rounds can overflow
+  to ``+-inf``, never to nan, unless two partial sums overflow with opposite signs, which
+  needs ``M`` at the accumulator's overflow threshold (float32's for the 16-bit dtypes: below
+  it ``M`` bounds every partial sum). So nan (or an inf of either sign) is allowed exactly where
+  ``M >= T_acc``, and under a non-finite weight (below);
+- ``ref = +-inf`` (an inf input times finite weights): the same inf, or nan. A nan makes no
+  claim about the sign; a matrix that multiplies the inf by an exact zero gives it (fovi's
+  one-hot einsum multiplies every cell of the inf's channel by it: ``0 * inf``), and no
+  accumulator turns ``+inf`` into ``-inf`` (adding ``-inf`` to it gives nan). The other inf
+  fails;
+- ``ref = nan`` (``inf - inf`` or ``0 * inf`` among the terms, in every order of the sum): nan.
 
 Non-finite *weights* are inside this promise, with the allowance the operator needs: a
 non-finite ``weight[o, c*V + v]`` may make every ``y[:, o, :]`` and every ``grad_x[:, c, :]``
@@ -195,9 +240,9 @@ of empty cells too (``0 * inf``), in ``grad_weight`` as well, which the formula 
 For an inf in ``x`` the zeros of fovi's one-hot einsum (``einsum_baseline``) do the same: the
 inf turns every other cell of its channel into nan, so that backend's ``grad_weight`` fails
 this check where ``V > 1``. That path also stores each cell, and ``grad_z``, in the working
-dtype, so a float16 cell or ``grad_z`` past 65504 is inf where ``y`` and ``grad_x`` are finite
-(check ``rounding``; fovi's finding ``scripts/fovi_findings/f16_cell_sum_overflow.py``):
-``einsum_baseline`` fails those rows too.
+dtype, so a float16 cell or ``grad_z`` past 65504 is inf where ``y``, ``grad_weight`` and
+``grad_x`` are finite (check ``rounding``; fovi's finding
+``scripts/fovi_findings/f16_cell_sum_overflow.py``): ``einsum_baseline`` fails those rows too.
 
 **The baseline**, ``einsum_baseline`` (fovi's path) run in the same dtype, is judged by the same
 rule and its worst ratio is *reported* beside the backend's, not used for pass/fail: it shows
@@ -265,15 +310,18 @@ from fovi_ref.reference import AllPadding, check_shapes
 
 __all__ = [
     "ACCUMULATION",
+    "FLUSHED_BELOW",
     "HALF_SUBNORMAL",
     "QUANTITIES",
     "UNIT_ROUNDOFF",
     "Expected",
     "Verdict",
+    "accumulated_error",
     "error_bound",
     "expected_quantities",
     "gamma",
     "judge_elementwise",
+    "nonfinite_stands",
     "overflow_threshold",
     "relative_error",
     "vacuous_stores",
@@ -295,6 +343,9 @@ HALF_SUBNORMAL: dict[torch.dtype, float] = {
     torch.float16: 2.0**-25,
     torch.bfloat16: 2.0**-134,
 }
+# tau of step 2 (f): below it a bfloat16 GEMM may read an operand, or keep a product or a partial
+# sum, as zero (the smallest normal bfloat16 and float32). No other dtype flushes.
+FLUSHED_BELOW: dict[torch.dtype, float] = {torch.bfloat16: 2.0**-126}
 # The precision sums are accumulated in (step 2): float32 for the 16-bit dtypes.
 ACCUMULATION: dict[torch.dtype, torch.dtype] = {
     torch.float64: torch.float64,
@@ -327,6 +378,9 @@ class Expected:
             non-finite (``y[:, o, :]`` where row ``o`` of the weight holds an inf or nan, and
             ``grad_x[:, c, :]`` where a column of input channel ``c`` does; module docstring,
             "Non-finite values"); ``None``: nowhere.
+        factor_max: ``A + B``, the largest finite ``|value|`` of each of the two operands whose
+            products the quantity sums (step 2 (f): what a bfloat16 GEMM's flush to zero may
+            lose per term); ``None``: no flush allowed.
     """
 
     name: str
@@ -337,6 +391,16 @@ class Expected:
     stores: torch.Tensor
     product_stores: torch.Tensor
     nonfinite_allowed: torch.Tensor | None = None
+    factor_max: torch.Tensor | None = None
+
+
+def _largest(*operands: torch.Tensor | None) -> torch.Tensor:
+    """The largest finite ``|value|`` among ``operands`` (float64 scalar; 0 where none)."""
+    found = [t.detach().double().abs().nan_to_num(nan=0.0, posinf=0.0) for t in operands
+             if t is not None and t.numel()]  # fmt: skip
+    if not found:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.stack([t.max() for t in found]).max()
 
 
 def expected_quantities(
@@ -386,19 +450,25 @@ def expected_quantities(
     if bias is not None and bias_rounding == "separate":  # (d): W x stored before the bias
         y_stored = (mag.y - bias.double().abs()[None, :, None]).clamp(min=0)  # all but the bias
         y_stores, y_products = 1 + (shared_y > 0).double(), one
+    # step 2 (f): the largest |value| of each GEMM's two operands (y's GEMM adds the bias too)
+    largest_w, largest_gy = _largest(weight), _largest(grad_y)
+    y_factors = _largest(x, bias) + largest_w
+    grad_x_factors = largest_w + largest_gy
+    grad_weight_factors = largest_gy + _largest(x)
     finite_w = torch.isfinite(weight.detach())  # [Cout, Cin*V]
     poisoned_y = ~finite_w.all(dim=1)[None, :, None]  # [1, Cout, 1]
     finite_c = finite_w.view(c_out, -1, meta.v).all(dim=2).all(dim=0)  # [Cin]
     poisoned_x = ~finite_c[None, :, None]  # [1, Cin, 1]
     out = {
-        "y": Expected("y", ref.y, mag.y, counts.y, y_stored, y_stores, y_products, poisoned_y),
+        "y": Expected("y", ref.y, mag.y, counts.y, y_stored, y_stores, y_products, poisoned_y,
+                      y_factors),
         "grad_x": Expected("grad_x", ref.grad_x, mag.grad_x, counts.grad_x, mag.grad_x, fan_out,
-                           fan_out, poisoned_x),
-        "grad_weight": Expected(
-            "grad_weight", ref.grad_weight, mag.grad_weight, counts.grad_weight, shared_w, one, zero
-        ),
+                           fan_out, poisoned_x, grad_x_factors),
+        "grad_weight": Expected("grad_weight", ref.grad_weight, mag.grad_weight,
+                                counts.grad_weight, shared_w, one, zero, None,
+                                grad_weight_factors),
     }  # fmt: skip
-    if bias is not None:
+    if bias is not None:  # a sum of grad_y: no GEMM, no flush
         out["grad_bias"] = Expected(
             "grad_bias", ref.grad_bias, mag.grad_bias, counts.grad_bias, zero, zero, zero
         )
@@ -417,20 +487,38 @@ def vacuous_stores(expected: Expected, dtype: torch.dtype) -> torch.Tensor:
     return vacuous.expand(shape)
 
 
+def accumulated_error(expected: Expected, dtype: torch.dtype) -> torch.Tensor:
+    """How far the sum a correct implementation rounds last may lie from ``ref``: the error of
+    the accumulation (steps 1 and 2 (a), ``gamma_N(u_acc) M + N eta_acc``) plus the oracle's,
+    and nothing stored on the way. In float32 and float64 it is the whole bound; in 16 bits it
+    decides where the result itself may round to inf (module docstring, "Non-finite values")."""
+    n, m = expected.terms, expected.magnitude
+    acc = ACCUMULATION[dtype]
+    return gamma(n, UNIT_ROUNDOFF[acc]) * m + n * HALF_SUBNORMAL[acc] + _oracle_error(expected)
+
+
+def _oracle_error(expected: Expected) -> torch.Tensor:
+    """The oracle is a float64 sum of the same ``N`` terms: it may be off by as much on its side
+    (module docstring, "The oracle rounds too")."""
+    n, m = expected.terms, expected.magnitude
+    return gamma(n, UNIT_ROUNDOFF[torch.float64]) * m + n * HALF_SUBNORMAL[torch.float64]
+
+
 def error_bound(expected: Expected, dtype: torch.dtype) -> torch.Tensor:
     """The elementwise bound of the module docstring for a result computed in ``dtype``."""
+    if ACCUMULATION[dtype] == dtype:  # step 1: one precision throughout
+        return accumulated_error(expected, dtype)
     u, eta = UNIT_ROUNDOFF[dtype], HALF_SUBNORMAL[dtype]
     n, m = expected.terms, expected.magnitude
-    # The oracle is a float64 sum of the same N terms: it may be off by as much on its side.
-    oracle = gamma(n, UNIT_ROUNDOFF[torch.float64]) * m + n * HALF_SUBNORMAL[torch.float64]
-    acc = ACCUMULATION[dtype]
-    if acc == dtype:  # step 1: one precision throughout
-        return gamma(n, u) * m + n * eta + oracle
-    u_acc, eta_acc = UNIT_ROUNDOFF[acc], HALF_SUBNORMAL[acc]
+    u_acc, eta_acc = UNIT_ROUNDOFF[ACCUMULATION[dtype]], HALF_SUBNORMAL[ACCUMULATION[dtype]]
     stores = torch.where(vacuous_stores(expected, dtype), 1.0, expected.stores)
     g_store = gamma(stores, u)
     inner = g_store * expected.stored + (1 + g_store) * gamma(n, u_acc) * m + n * eta_acc
-    return u * expected.value.abs() + eta * (1 + expected.product_stores) + (1 + u) * inner + oracle
+    tau = FLUSHED_BELOW.get(dtype)
+    if tau is not None and expected.factor_max is not None:  # step 2 (f), before the last store
+        inner = inner + tau * n * (expected.factor_max + 5 + tau)
+    bound = u * expected.value.abs() + eta * (1 + expected.product_stores) + (1 + u) * inner
+    return bound + _oracle_error(expected)
 
 
 # ------------------------------------------------------------------------------------ verdicts
@@ -447,7 +535,8 @@ class Verdict:
         worst_index: where ``ratio`` was found (``None`` if nothing was compared).
         worst_error, worst_bound, worst_ref, worst_magnitude, worst_value: that element's
             figures (``worst_value`` the result's own).
-        nonfinite_mismatches: elements whose finiteness differs from the oracle's.
+        nonfinite_mismatches: non-finite elements (of the value or the oracle) that the other does
+            not match as :func:`nonfinite_stands` says.
         baseline_ratio, baseline_max_abs_error: the same figures for the baseline (reported,
             not judged), or ``None``.
         notes: anything else a reader should know (a dtype or shape the result should not have).
@@ -491,21 +580,35 @@ def overflow_threshold(dtype: torch.dtype) -> float:
     return biggest + math.ldexp(UNIT_ROUNDOFF[dtype], math.frexp(biggest)[1] - 1)
 
 
+def nonfinite_stands(value: torch.Tensor, expected: Expected, dtype: torch.dtype) -> torch.Tensor:
+    """Elements (bool, the quantity's shape) where a non-finite ``value`` (float64) may stand for
+    the oracle's ``ref`` (module docstring, "Non-finite values"): an inf of ``ref``'s side where
+    the sum rounded last may reach the overflow threshold, a nan or an inf where ``M`` reaches the
+    accumulator's, the same inf or a nan for an infinite ``ref``, a nan for a nan, anything under
+    a non-finite weight. False wherever ``value`` is finite."""
+    ref = expected.value
+    reach = accumulated_error(expected, dtype).expand_as(ref)
+    threshold = overflow_threshold(dtype)
+    is_nan = torch.isnan(value)
+    up = (value == math.inf) & (ref + reach >= threshold)  # nan ref: False
+    down = (value == -math.inf) & (ref - reach <= -threshold)
+    sums = expected.magnitude.expand_as(ref) >= overflow_threshold(ACCUMULATION[dtype])
+    from_finite = torch.isfinite(ref) & (up | down | (sums & ~torch.isfinite(value)))
+    from_inf = torch.isinf(ref) & ((value == ref) | is_nan)
+    stands = from_finite | from_inf | (torch.isnan(ref) & is_nan)
+    if expected.nonfinite_allowed is not None:
+        stands |= expected.nonfinite_allowed.expand_as(ref) & ~torch.isfinite(value)
+    return stands
+
+
 def _ratios(value: torch.Tensor, expected: Expected, dtype: torch.dtype):
     """``(ratio, error, bound, mismatched)``: elementwise ratio on finite elements (0 elsewhere),
-    and where finiteness differs from the oracle's."""
+    and where a non-finite value or ``ref`` is not matched as :func:`nonfinite_stands` says."""
     ref = expected.value
     v = value.detach().to(device=ref.device, dtype=torch.float64)
     bound = error_bound(expected, dtype).expand_as(ref)
     finite_ref, finite_v = torch.isfinite(ref), torch.isfinite(v)
-    # A finite ref may come back non-finite where the result may round to inf, or where its
-    # terms' magnitude reaches the accumulator's overflow (module docstring, "Non-finite values").
-    result_overflows = ref.abs() + bound >= overflow_threshold(dtype)
-    sums_overflow = expected.magnitude.expand_as(ref) >= overflow_threshold(ACCUMULATION[dtype])
-    may_overflow = finite_ref & (result_overflows | sums_overflow)
-    if expected.nonfinite_allowed is not None:
-        may_overflow |= expected.nonfinite_allowed.expand_as(ref)
-    mismatched = (finite_ref != finite_v) & ~(may_overflow & ~finite_v)
+    mismatched = torch.where(finite_v, ~finite_ref, ~nonfinite_stands(v, expected, dtype))
     both = finite_ref & finite_v
     error = torch.where(both, (v - ref).abs(), 0.0)
     safe = torch.where(bound > 0, bound, 1.0)
