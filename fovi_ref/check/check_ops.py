@@ -44,11 +44,17 @@ rounding       (float16 and bfloat16) cells whose partial sums dwarf their sum: 
                an output: summing a cell in the working dtype loses the small values,
                which the rule's one store of ``z`` (relative to ``|z|``) does not allow;
                (float16) a cell of two or more inputs of 40,000 read with a weight of
-               2^-10: ``y`` is finite (78.125 for two), and a cell stored in float16 makes
-               it inf; (float16) upstream gradients of a gradient scaler's size, +40,000 at
-               node 0 and -39,936 at node 1, which share an input, weights 2: each
-               ``grad_z`` is past 65504 and the shared input's ``grad_x`` is small, and a
-               ``grad_z`` stored in float16 makes it nan; (both) on graphs where many terms
+               2^-10, ``grad_y`` scaled by a power of two that keeps the exact
+               ``grad_weight`` within 2^14: ``y`` (78.125 for two) and ``grad_weight``
+               are finite, and a cell stored in float16 makes them inf or nan; (float16)
+               upstream gradients of a gradient scaler's size, +40,000 at node 0 and
+               -39,936 at node 1, which share an input (on a hub graph, the hub), weights
+               2: each ``grad_z`` is past 65504 and the shared input's ``grad_x`` is
+               small, and a ``grad_z`` stored in float16 makes it nan; (float16, ``K = 1``
+               graphs and hubs) ``grad_y`` +40,000 everywhere, one sign, and weights
+               ``2^-e`` that keep every exact ``grad_x`` within 2^14: ``grad_y`` summed
+               over an input's readers before the GEMM, ``W^T (S grad_y)``, is past 65504
+               from two readers on, and inf in float16; (both) on graphs where many terms
                meet (:func:`many_terms`), every operand of one sign: a sum rounded once per
                term (16-bit atomics, one reader at a time) piles its roundings up
 padding        inputs that no real neighbour reads hold inf (and the upstream gradient is
@@ -117,6 +123,7 @@ from fovi_ref.check.graphs import (
     spanning_graph,
     spanning_graphs,
 )
+from fovi_ref.check.magnitude import knn_conv_magnitude
 from fovi_ref.check.operands import forward_and_grads, sample_operands
 from fovi_ref.check.protocol import policed
 from fovi_ref.check.tolerances import (
@@ -559,20 +566,34 @@ def _big_partial_sums(case: _Case, x, w, b, gy) -> list[torch.Tensor] | None:
 
 
 F16_PAST_MAX = 40000.0
-"""An input value two of which sum past float16's largest finite value, 65504."""
-F16_PAST_MAX_NOTE = "a float16 cell past 65504, y finite"
+"""A float16 value (exact) two of which sum past float16's largest finite value, 65504: the
+inputs of a cell, and upstream gradients of a gradient scaler's size (it starts at ``2^16``)."""
+F16_PAST_MAX_NOTE = "a float16 cell past 65504, y and grad_weight finite"
+FITS = 2.0**14
+"""The largest exact result the past-65504 cases build, at most: a quarter of 65504, so that a
+correct result is finite with room to spare, and an inf or nan there is no rounding."""
+
+
+def _scale_to_fit(largest: float) -> float:
+    """``2^-e``, the largest power of two that brings ``largest`` (> 0) to :data:`FITS` or below:
+    ``FITS / 2 < 2^-e largest <= FITS``."""
+    return 2.0 ** math.floor(math.log2(FITS / largest))
 
 
 def _cells_past_float16_max(case: _Case, x, w, b, gy) -> list[torch.Tensor] | None:
-    """Operands whose exact ``y`` is finite in float16 while a cell is not (check ``rounding``),
-    or ``None`` for another dtype or a graph without a cell of two distinct inputs. Channel
-    ``c``'s target cell (``c mod T``) reads inputs of :data:`F16_PAST_MAX` each (every other
-    input holds a value in ``[1/2, 1)``), and output ``o`` reads channel ``o mod Cin``'s target
-    cell alone with a weight of ``2^-10``: ``y`` is about ``K * 39`` at most, but a cell stored
-    in float16 is inf (fovi's path; scripts/fovi_findings/f16_cell_sum_overflow.py). ``y``
-    alone is judged: the exact weight gradient, ``grad_y`` times the cells, need not be
-    finite in float16."""
-    if case.dtype != torch.float16:
+    """Operands whose exact ``y`` and ``grad_weight`` are finite in float16 while a cell is not
+    (check ``rounding``), or ``None`` for another dtype, no batch or a graph without a cell of
+    two distinct inputs. Channel ``c``'s target cell (``c mod T``) reads inputs of
+    :data:`F16_PAST_MAX` each (every other input holds a value in ``[1/2, 1)``), and output
+    ``o`` reads channel ``o mod Cin``'s target cell alone with a weight of ``2^-10``: ``y`` is
+    about ``K * 39`` at most, but a cell stored in float16 is inf (fovi's path;
+    scripts/fovi_findings/f16_cell_sum_overflow.py). ``grad_weight = grad_y z^T`` reads the same
+    cells: ``grad_y`` (as drawn) is scaled by :func:`_scale_to_fit` of the largest
+    ``sum_{b, n} |grad_y[b, o, n]| |z[b, c, v, n]|``, the magnitude of ``grad_weight``'s terms,
+    which bounds it: every exact ``|grad_weight|`` is at most :data:`FITS` (on ``base``, scale
+    ``2^-5`` and the largest about 9,300), while a cell recomputed for it and stored in float16
+    unguarded makes its columns inf or nan. ``y`` and ``grad_weight`` are judged."""
+    if case.dtype != torch.float16 or case.batch == 0:
         return None
     meta = case.graph.meta
     targets = _cells_of_distinct_inputs(meta, at_least=2)
@@ -582,9 +603,11 @@ def _cells_past_float16_max(case: _Case, x, w, b, gy) -> list[torch.Tensor] | No
     def all_past_max(inputs: list[int]) -> dict[int, float]:
         return dict.fromkeys(inputs, F16_PAST_MAX)
 
-    return _target_cell_operands(
+    x, w, b, gy = _target_cell_operands(
         case, x, w, b, gy, targets, all_past_max, scale=2.0**-10, seed=case.seed + 3
     )
+    terms = knn_conv_magnitude(x, w, None, meta, gy).grad_weight  # [Cout, Cin*V] float64
+    return [x, w, b, (gy.double() * _scale_to_fit(float(terms.max()))).to(case.dtype)]
 
 
 GRAD_Z_PAST_MAX = (40000.0, -39936.0)
@@ -613,6 +636,41 @@ def _grad_z_past_float16_max(case: _Case, x, w, b, gy) -> list[torch.Tensor] | N
     return [x, torch.full_like(w, 2.0), b, gy]
 
 
+GRAD_Y_SUMMED_PAST_MAX_NOTE = "float16 grad_y of one sign summed past 65504, grad_x finite"
+HUB_READERS = 40
+"""Readers from which an input is a hub here: the battery's smallest hub, past twice fovi_ref's
+``HUB`` (:mod:`fovi_ref.check.graphs`)."""
+
+
+def _grad_y_summed_past_float16_max(case: _Case, x, w, b, gy) -> list[torch.Tensor] | None:
+    """Operands whose exact ``grad_x`` is finite in float16 while the upstream gradients summed
+    over an input's readers are not (check ``rounding``), or ``None`` for another dtype, a graph
+    where no input has two readers, or one that is neither of ``K = 1`` nor holds a hub
+    (:data:`HUB_READERS`). A ``K = 1`` kernel may scatter before its GEMM,
+    ``grad_x = W^T (S grad_y)``, summing ``grad_y`` into a ``[B, Cout, Nin]`` buffer (atomics
+    into the inputs' rows), and a hub kernel may sum its readers' ``grad_y`` first in the same
+    way. ``grad_y`` is :data:`F16_PAST_MAX` everywhere, one sign (a gradient scaler's size), and
+    every weight is ``2^-e``, with ``2^-e`` :func:`_scale_to_fit` of ``40,000 Cout F`` for the
+    largest fan-out ``F``: an input read by ``F(i)`` entries gets exactly
+    ``grad_x = 40,000 Cout F(i) 2^-e <= 2^14`` and each ``grad_z = W^T grad_y`` is
+    ``40,000 Cout 2^-e`` (it fits), while ``S grad_y`` there holds ``40,000 F(i)``, past 65504
+    from ``F(i) = 2`` on: a buffer in float16 makes ``grad_x`` inf. On ``downsample`` (Cout 4,
+    ``F`` 3) ``2^-5``: ``grad_x`` 10,000 at two readers and 15,000 at three; on ``hub_40``
+    (Cout 2, ``F`` 42) ``2^-8``, ``grad_z`` 312.5 and 13,125 at the hub; on ``hub_1100``
+    (``F`` 1,151) ``2^-13``. ``grad_x`` alone is judged: ``grad_weight``, 40,000 times the cells,
+    need not be finite in float16. Not in bfloat16: it has float32's range, so no such sum
+    overflows, and the one rounding per collision a bfloat16 buffer adds is a store the rule
+    allows (``h = F``); where such roundings pile up, :func:`_one_sign` builds the case."""
+    meta = case.graph.meta
+    if case.dtype != torch.float16 or case.batch == 0:
+        return None
+    most = int(_fan_out(meta).max())
+    if most < 2 or (meta.k != 1 and most < HUB_READERS):
+        return None
+    weight = _scale_to_fit(F16_PAST_MAX * case.graph.out_channels * most)
+    return [x, torch.full_like(w, weight), b, torch.full_like(gy, F16_PAST_MAX)]
+
+
 ONE_SIGN_NOTE = "operands of one sign: roundings pile up"
 MANY_TERMS = 128
 """Terms (one input's readers, or a cell's entries over the batch) from which one rounding per
@@ -620,14 +678,18 @@ term, all of one sign, can reach the sum itself in bfloat16 (``gamma_F(u) >= 1``
 ``F u >= 1/2``; :mod:`fovi_ref.check.tolerances`, step 2 (c))."""
 
 
+def _fan_out(meta: KNNMeta) -> torch.Tensor:
+    """``F [Nin]``: how many real entries read each input (its readers)."""
+    return torch.bincount(meta.knn[~meta.pad_mask], minlength=meta.n_in)
+
+
 def many_terms(meta: KNNMeta, batch: int) -> bool:
     """True where some sum a backend may add term by term has :data:`MANY_TERMS` terms or more:
     the readers of one input (``grad_x``) or a cell's entries over the batch and the nodes
     (``grad_weight``)."""
     real = ~meta.pad_mask  # [K, Nout]
-    readers = torch.bincount(meta.knn[real], minlength=meta.n_in)  # [Nin] fan-out
     entries = torch.bincount(meta.rf_index.t()[real], minlength=meta.v)  # [V] per cell
-    most = max(int(readers.max()), batch * int(entries.max())) if real.any() else 0
+    most = max(int(_fan_out(meta).max()), batch * int(entries.max())) if real.any() else 0
     return most >= MANY_TERMS
 
 
@@ -641,6 +703,17 @@ def _one_sign(case: _Case, x, w, b, gy) -> list[torch.Tensor] | None:
     if not many_terms(case.graph.meta, case.batch):
         return None
     return [x.abs(), w.abs(), None if b is None else b.abs(), gy.abs()]
+
+
+_ROUNDING_CASES = (
+    (_big_partial_sums, JUDGED, ""),
+    (_cells_past_float16_max, ("y", "grad_weight"), F16_PAST_MAX_NOTE),
+    (_grad_z_past_float16_max, ("grad_x",), GRAD_Z_PAST_MAX_NOTE),
+    (_grad_y_summed_past_float16_max, ("grad_x",), GRAD_Y_SUMMED_PAST_MAX_NOTE),
+    (_one_sign, JUDGED, ONE_SIGN_NOTE),
+)
+"""Check ``rounding``'s cases: ``(operands of a case or None where it does not apply, the
+quantities it judges, the note on its rows)``."""
 
 
 def _judge(case, check, got, expected, baseline=None, note="", quantities=JUDGED):
@@ -675,6 +748,17 @@ def _check_oracle(ops, case, operands, check, *, name=None, expected=None, quant
     expected = _expected(case, *operands) if expected is None else expected
     baseline = _baseline(case, operands, name)
     return _judge(case, check, got, expected, baseline, note, quantities), got
+
+
+def _check_rounding(ops, case, operands) -> list[ReportRow]:
+    """The oracle check on each of :data:`_ROUNDING_CASES` that applies to the graph and dtype."""
+    rows = []
+    for build, quantities, note in _ROUNDING_CASES:
+        built = build(case, *operands)
+        if built is not None:
+            rows += _check_oracle(ops, case, built, "rounding", name=ops.name,
+                                  quantities=quantities, note=note)[0]  # fmt: skip
+    return rows
 
 
 def _check_doors(ops, door: str, case, operands, expected) -> list[ReportRow]:
@@ -1016,27 +1100,8 @@ def _run_checks(ops, door: str, case: _Case, checks: Sequence[str]) -> list[Repo
     if "cancellation" in checks:
         cancelling = _cancelling(case, *operands)
         rows += _check_oracle(ops, case, cancelling, "cancellation", name=ops.name)[0]
-    big_partials = _big_partial_sums(case, *operands) if "rounding" in checks else None
-    if big_partials is not None:
-        rows += _check_oracle(ops, case, big_partials, "rounding", name=ops.name)[0]
-    past_max = _cells_past_float16_max(case, *operands) if "rounding" in checks else None
-    if past_max is not None:
-        rows += _check_oracle(ops, case, past_max, "rounding", name=ops.name, quantities=("y",),
-                              note=F16_PAST_MAX_NOTE)[0]  # fmt: skip
-    grad_z_past_max = _grad_z_past_float16_max(case, *operands) if "rounding" in checks else None
-    if grad_z_past_max is not None:
-        rows += _check_oracle(
-            ops,
-            case,
-            grad_z_past_max,
-            "rounding",
-            name=ops.name,
-            quantities=("grad_x",),
-            note=GRAD_Z_PAST_MAX_NOTE,
-        )[0]
-    one_sign = _one_sign(case, *operands) if "rounding" in checks else None
-    if one_sign is not None:
-        rows += _check_oracle(ops, case, one_sign, "rounding", name=ops.name, note=ONE_SIGN_NOTE)[0]
+    if "rounding" in checks:
+        rows += _check_rounding(ops, case, operands)
     if "padding" in checks:
         rows += _check_padding(ops, case, operands)
     if "nonfinite" in checks:
