@@ -5,7 +5,7 @@
 **The backend protocol**, written down here and nowhere else. A backend is an object with::
 
     name: str
-    forward(meta, x, weight, bias)   -> y       [B, Cout, Nout], fovi's layout (fovi_ref.layout)
+    forward(meta, x, weight, bias)   -> y       [B, Cout, Nout], fovi's layout or any (below)
     grad_input(meta, grad_y, weight) -> grad_x  [B, Cin, Nin]
     grad_weight(meta, grad_y, x)     -> grad_w  [Cout, Cin*V]
     supports(meta) -> bool           optional: the graphs it accepts (default: all)
@@ -18,9 +18,12 @@ results in the inputs' dtype; ``grad_bias`` (``grad_y`` summed over batch and no
 The op trusts a backend; :mod:`fovi_ref.check.check_ops` validates one and polices its results.
 
 **Two doors.** Eager ``knn_conv`` runs :class:`_KNNConvFunction`, handed the meta: a few Python
-checks per call (``bench --boundary``: at most 1.5 times plain torch). While compiling it calls
-the custom op ``fovi_ref::knn_conv`` (a fake gives ``y``'s strides; the backward is two more
-ops) with the graph as tensors and ints. Autocast casts as for ``F.linear``. First order only.
+checks per call (``bench --boundary``: at most 1.5 times plain torch); ``y`` comes in the
+backend's layout. While compiling it calls the custom op ``fovi_ref::knn_conv`` with the graph
+as tensors and ints. Its fake gives ``y``'s strides, fovi's layout (:mod:`fovi_ref.layout`), and
+compiled code reads ``y`` by them, so the op copies a backend's ``y`` laid out otherwise into
+it; the backward is two more ops, whose results are contiguous, as their fakes say. Autocast
+casts as for ``F.linear``. First order only.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch
 
 import fovi_ref.knn_transforms as transforms
 from fovi_ref.knn_gather_gemm import GatherGemmOps, gather_gemm_applies
-from fovi_ref.layout import fovi_layout_empty
+from fovi_ref.layout import fovi_layout_empty, in_fovi_layout
 from fovi_ref.meta import DTYPES, Derived, KNNMeta, check_dense
 from fovi_ref.registry import get_ops
 from fovi_ref.strategies import GeneralOps
@@ -192,7 +195,7 @@ def _knn_conv_op(
     backend: str,
 ) -> torch.Tensor:
     meta = _op_meta(knn, rf_index, derived, names, n_in, x.shape[1], v, backend)
-    return get_ops(backend).forward(meta, x, weight, bias)
+    return in_fovi_layout(get_ops(backend).forward(meta, x, weight, bias))  # as the fake says
 
 
 @_knn_conv_op.register_fake
@@ -213,7 +216,7 @@ def _grad_input_op(
     backend: str,
 ) -> torch.Tensor:
     meta = _op_meta(knn, rf_index, derived, names, n_in, weight.shape[1] // v, v, backend)
-    return get_ops(backend).grad_input(meta, grad_y, weight)
+    return get_ops(backend).grad_input(meta, grad_y, weight).contiguous()  # as the fake says
 
 
 @_grad_input_op.register_fake
@@ -234,7 +237,7 @@ def _grad_weight_op(
     backend: str,
 ) -> torch.Tensor:
     meta = _op_meta(knn, rf_index, derived, names, n_in, x.shape[1], v, backend)
-    return get_ops(backend).grad_weight(meta, grad_y, x)
+    return get_ops(backend).grad_weight(meta, grad_y, x).contiguous()  # as the fake says
 
 
 @_grad_weight_op.register_fake

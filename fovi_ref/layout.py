@@ -30,7 +30,7 @@ import torch
 
 from .precision import SIXTEEN_BIT
 
-__all__ = ["fovi_layout_empty", "linear_rows", "y_from_rows"]
+__all__ = ["fovi_layout_empty", "in_fovi_layout", "linear_rows", "y_from_rows"]
 
 
 def linear_rows(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -55,3 +55,19 @@ def y_from_rows(y_rows: torch.Tensor, batch: int, n_out: int) -> torch.Tensor:
 def fovi_layout_empty(batch: int, c_out: int, n_out: int, like: torch.Tensor) -> torch.Tensor:
     """An uninitialised ``[B, Cout, Nout]`` in fovi's layout, dtype and device of ``like``."""
     return like.new_empty(batch, n_out, c_out).transpose(1, 2)  # [B, Cout, Nout]
+
+
+def in_fovi_layout(y: torch.Tensor) -> torch.Tensor:
+    """``y [B, Cout, Nout]`` in fovi's layout (strides ``(Nout*Cout, 1, Cout)``, a size-1 dim's
+    stride aside): ``y`` itself where it is laid out so already, else a copy into
+    :func:`fovi_layout_empty`.
+
+    The custom op's fake promises this layout, and compiled code trusts the fake: the kernels
+    fused after the op read ``y`` by the promised strides. The eager door returns whatever the
+    backend returns (fovi's own backends differ in layout); the compiled door hands ``y`` over
+    through this function, which copies only for a backend whose layout is not fovi's."""
+    batch, c_out, n_out = y.shape
+    fovi = (n_out * c_out, 1, c_out)  # [B, Nout, Cout] storage, seen as [B, Cout, Nout]
+    if all(n == 1 or s == f for n, s, f in zip(y.shape, y.stride(), fovi, strict=True)):
+        return y
+    return fovi_layout_empty(batch, c_out, n_out, y).copy_(y)  # [B, Cout, Nout]

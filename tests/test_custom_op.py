@@ -12,10 +12,22 @@ import pytest
 import torch
 from conftest import DEVICES, random_meta, sample_inputs
 
-from fovi_ref import KNNConv, available_ops, derive_for, get_ops, knn_conv, prepare, route
+from fovi_ref import (
+    KNNConv,
+    available_ops,
+    derive_for,
+    get_ops,
+    knn_conv,
+    prepare,
+    register_ops,
+    route,
+    unregister_ops,
+)
 from fovi_ref.check.bench.budget import forced_grad_input_path
 from fovi_ref.check.tolerances import expected_quantities, judge_elementwise
 from fovi_ref.knn_autograd import _grad_input_op, _grad_weight_op, _knn_conv_op
+from fovi_ref.knn_general import GeneralTextbookOps
+from fovi_ref.layout import fovi_layout_empty, in_fovi_layout
 
 # The K=1 graph runs once with each grad_input path of gather_gemm (dense S and index).
 GRAPHS = [(1, 1, "dense"), (1, 1, "index"), (9, 9, None)]
@@ -223,3 +235,82 @@ def test_eager_and_op_doors_agree_bitwise():
         expected = expected_quantities(x, w, b, meta, grad_y)["y"]
         verdict = judge_elementwise(eager, expected)
         assert verdict.ok, str(verdict)
+
+
+class ContiguousY(GeneralTextbookOps):
+    """general_textbook with ``y`` contiguous ``[B, Cout, Nout]``, not fovi's layout."""
+
+    name = "contiguous_y"
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        return GeneralTextbookOps.forward(meta, x, weight, bias).contiguous()  # [B, Cout, Nout]
+
+
+class StridedGradients(GeneralTextbookOps):
+    """general_textbook with both gradients strided: ``grad_x [B, Cin, Nin]`` on
+    ``[B, Nin, Cin]`` storage, ``grad_w [Cout, Cin*V]`` on ``[Cin*V, Cout]`` storage."""
+
+    name = "strided_gradients"
+
+    @staticmethod
+    def grad_input(meta, grad_y, weight):
+        grad_x = GeneralTextbookOps.grad_input(meta, grad_y, weight)  # [B, Cin, Nin]
+        return grad_x.transpose(1, 2).contiguous().transpose(1, 2)  # [B, Cin, Nin]
+
+    @staticmethod
+    def grad_weight(meta, grad_y, x):
+        grad_w = GeneralTextbookOps.grad_weight(meta, grad_y, x)  # [Cout, Cin*V]
+        return grad_w.t().contiguous().t()  # [Cout, Cin*V]
+
+
+@pytest.mark.parametrize("ops", [ContiguousY, StridedGradients], ids=lambda ops: ops.name)
+def test_compiled_code_gets_the_layout_the_fake_promises_whatever_the_backend_returns(ops):
+    """A backend may return any layout (the eager door keeps it); compiled code reads the op's
+    results by the strides its fakes promise, pointwise ops fused before and after, so the op
+    hands them over in that layout: the compiled forward and gradients equal the eager ones."""
+    torch._dynamo.reset()
+    meta = random_meta(4, 4)
+    x, w, b = sample_inputs(meta)
+    grad_y = torch.randn(x.shape[0], w.shape[0], meta.n_out, dtype=x.dtype)
+
+    def run(x, w, b):
+        return torch.relu(knn_conv(torch.sin(x), w * 2, b, meta, backend=ops.name)) * 2
+
+    register_ops(ops)
+    try:
+        prepare(meta, ops.name)
+        results = []
+        for fn in (torch.compile(run, fullgraph=True), run):
+            y = fn(x, w, b)
+            results.append([y, *torch.autograd.grad(y, (x, w, b), grad_y)])
+    finally:
+        unregister_ops(ops.name)
+    for got, expected in zip(*results, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", available_ops())
+def test_in_fovi_layout_copies_no_y_of_fovi_refs_own_backends(backend):
+    """fovi_ref's backends return fovi's layout already: the compiled door copies none."""
+    k, v = (1, 1) if backend == "gather_gemm" else (4, 4)
+    meta = random_meta(k, v)
+    x, w, b = (t.detach() for t in sample_inputs(meta))
+    y = get_ops(backend).forward(meta, x, w, b)
+    assert in_fovi_layout(y) is y
+
+
+@pytest.mark.parametrize(
+    "shape,copied", [((2, 4, 20), True), ((2, 1, 20), False), ((2, 4, 1), False)], ids=str
+)
+def test_in_fovi_layout_copies_only_a_y_whose_strides_differ(shape, copied):
+    """A contiguous ``y [B, Cout, Nout]`` is copied into fovi's layout, unless the two differ
+    only in a size-1 dim's stride (one channel, one node), which no kernel reads; one in fovi's
+    layout is returned itself."""
+    y = torch.randn(shape)  # [B, Cout, Nout], contiguous
+    fovi = fovi_layout_empty(*shape, y).copy_(y)  # [B, Cout, Nout], fovi's layout
+    assert in_fovi_layout(fovi) is fovi
+    laid_out = in_fovi_layout(y)
+    assert torch.equal(laid_out, y)
+    assert (laid_out is not y) == copied
+    assert laid_out.stride() == (fovi.stride() if copied else y.stride())

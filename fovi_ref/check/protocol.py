@@ -77,7 +77,10 @@ def policed(ops: Any) -> Any:
     ``forward``'s ``y`` must be ``[B, Cout, Nout]`` in ``x``'s dtype; ``grad_input``'s
     ``[B, Cin, Nin]`` and the weight gradients ``[Cout, Cin*V]`` in the inputs' dtype;
     ``forward_with_operand`` must return a pair; ``grad_y_layout`` must keep ``grad_y``'s shape
-    and dtype. The layout of ``y`` is not policed (fovi's own backends differ in it).
+    and dtype. The layout of ``y`` is not policed: the eager door takes any layout (fovi's own
+    backends differ in it), and the compiled door copies a ``y`` that is not in fovi's layout
+    into it (:func:`fovi_ref.layout.in_fovi_layout`) and a strided gradient into a contiguous
+    one, the layouts its fakes promise.
     """
     check_protocol(ops)
     members: dict[str, Any] = {"name": ops.name, "inner": ops}

@@ -100,7 +100,7 @@ UNIT_TESTS = {
     "fovi_ref/strategies/few_columns.py": ["tests/test_strategies.py"],
     "fovi_ref/strategies/node_rows.py": ["tests/test_strategies.py"],
     "fovi_ref/strategies/occupied_cells.py": ["tests/test_strategies.py"],
-    "fovi_ref/layout.py": ["tests/test_backends.py"],
+    "fovi_ref/layout.py": ["tests/test_backends.py", "tests/test_custom_op.py"],
     "fovi_ref/knn_autograd.py": [
         "tests/test_custom_op.py",
         "tests/test_eager_function.py",
