@@ -97,7 +97,22 @@ fovi's ``F.linear``; backward, ``W^T grad_y`` carries the inf to every node, and
 sums it with a matrix (``gather_gemm``'s dense ``S``, fovi's one-hot einsum) meets the same
 zeros. Keeping those elements finite would mean masking every GEMM. ``grad_weight`` follows the
 oracle exactly. Non-finite upstream gradients are not promised (the GEMMs meet the same zeros).
-``check_ops``' ``nonfinite`` check judges this.
+An infinite result keeps its sign (an inf input times finite weights may also come back nan, as
+a one-hot einsum's ``0 * inf`` gives, never as the other inf), and a finite answer comes back
+non-finite only where the result itself rounds past the dtype's range: a stored intermediate
+never overflows into it (:mod:`fovi_ref.check.tolerances`, "Non-finite values"). ``check_ops``'
+``nonfinite`` check judges this. One platform breaks it: on a CPU with native bfloat16 GEMMs
+(oneDNN on AVX512-BF16) a bfloat16 GEMM whose rows are not a multiple of 32 values long reads
+past each row's end and multiplies what it finds by zero, so an inf in the first values of one
+row of the narrow path's operand makes the row before it nan (``y`` of a node that reads no
+inf). ``check general`` fails those rows there (``nonfinite``, bfloat16). A guard, checking
+the operand or the result for non-finite values, would cost every bfloat16 call there one more
+pass over its data; fovi_ref does not pay it, and the battery reports the rows.
+
+**Subnormals.** The same bfloat16 GEMMs read a subnormal operand (below ``2^-126``) as zero and
+flush a product or partial sum below it to zero, so a bfloat16 result whose terms are that small
+may come back zero; the tolerance rule allows exactly that (step 2 (f)). float16 keeps its
+subnormals.
 
 **State.** A ``KNNConv`` keeps its graph (``knn``, ``rf_index``) as persistent buffers and what
 its backend derives as non-persistent buffers, so ``.to()``, ``copy.deepcopy``, ``pickle``,
@@ -116,7 +131,8 @@ values refuses to run. Editing the index buffers in place is not supported (and 
 
 **Output layout.** ``y [B, Cout, Nout]`` is returned as fovi returns it, a transposed view of
 ``[B, Nout, Cout]`` storage, so a model swapped from fovi to fovi_ref hands the next layer the
-same strides.
+same strides. A registered backend may return another layout: eager code gets it as returned,
+compiled code gets fovi's (the custom op copies ``y`` into it, as its fake promises).
 """
 
 from fovi_ref.knn_autograd import derive_for, knn_conv, prepare, route, route_layer

@@ -96,6 +96,6 @@ def run(names=None, repeats: int = 7, device: str = "cpu", dtype=torch.float32) 
               "meet the target")  # fmt: skip
         for kind in ("MISSED", "unsure"):
             listed = [f"{layer} B={b}" for (layer, b), v in verdicts.items() if v == kind]
-            for i in range(0, len(listed), 4):
-                print(f"  {kind}: " + ", ".join(listed[i : i + 4]))
+            for i in range(0, len(listed), 3):  # within 100 columns: 'layer4.0.downsample.0 B=16'
+                print(f"  {kind}: " + ", ".join(listed[i : i + 3]))
     return rows
