@@ -101,13 +101,11 @@ An infinite result keeps its sign (an inf input times finite weights may also co
 a one-hot einsum's ``0 * inf`` gives, never as the other inf), and a finite answer comes back
 non-finite only where the result itself rounds past the dtype's range: a stored intermediate
 never overflows into it (:mod:`fovi_ref.check.tolerances`, "Non-finite values"). ``check_ops``'
-``nonfinite`` check judges this. One platform breaks it: on a CPU with native bfloat16 GEMMs
-(oneDNN on AVX512-BF16) a bfloat16 GEMM whose rows are not a multiple of 32 values long reads
-past each row's end and multiplies what it finds by zero, so an inf in the first values of one
-row of the narrow path's operand makes the row before it nan (``y`` of a node that reads no
-inf). ``check general`` fails those rows there (``nonfinite``, bfloat16). A guard, checking
-the operand or the result for non-finite values, would cost every bfloat16 call there one more
-pass over its data; fovi_ref does not pay it, and the battery reports the rows.
+``nonfinite`` check judges this. On a CPU with native bfloat16 GEMMs (oneDNN on AVX512-BF16)
+a bfloat16 GEMM over rows not a multiple of 32 values long reads past each row's end, where an
+inf of the next row gives ``0 * inf = nan`` in the row before; fovi_ref pads such rows
+(:mod:`fovi_ref.layout`), and fovi's ``F.linear`` over its one-hot features (``einsum_baseline``)
+does not.
 
 **Subnormals.** The same bfloat16 GEMMs read a subnormal operand (below ``2^-126``) as zero and
 flush a product or partial sum below it to zero, so a bfloat16 result whose terms are that small

@@ -22,6 +22,16 @@ passes over it (the bias, the rounding); and ``mm``'s ``out_dtype`` form has no 
 this is a forward's GEMM, run with gradients off (the autograd Function's forward and the
 custom ops call it). The battery's ``rounding`` check holds the promise on CUDA
 (``python -m fovi_ref check ... --device cuda``).
+
+**bfloat16 on a CPU with native bfloat16 GEMMs** (oneDNN on AVX512-BF16 or AMX). Its kernel
+reads each row of a row-major ``rows`` in blocks of :data:`ROW_BLOCK` values and multiplies what
+lies past the row's end by zeros. Where a row's length ``F`` is not a multiple of the block, it
+reads the first values of the next row there, and an inf among them gives ``0 * inf = nan`` in
+the row before: ``y`` of a node that reads no inf. So such rows are copied, once, into a buffer
+whose rows are padded with zeros to a multiple of the block, and the GEMM reads that buffer's
+rows (stride ``F`` rounded up) and their own zeros. fovi-resnet18's layers other than the stem
+have ``F = Cin*V`` a multiple of 64 and pay nothing; ``tests/test_precision.py`` holds it where
+the GEMM over-reads.
 """
 
 from __future__ import annotations
@@ -30,13 +40,37 @@ import torch
 
 from .precision import SIXTEEN_BIT
 
-__all__ = ["fovi_layout_empty", "in_fovi_layout", "linear_rows", "y_from_rows"]
+__all__ = [
+    "ROW_BLOCK",
+    "fovi_layout_empty",
+    "in_fovi_layout",
+    "linear_rows",
+    "padded_rows",
+    "y_from_rows",
+]
+
+
+ROW_BLOCK = 32
+"""The block, in values, in which a CPU's bfloat16 GEMM reads a row (64 bytes)."""
+
+
+def padded_rows(rows: torch.Tensor) -> torch.Tensor:
+    """``rows [M, F]`` as a view of a copy whose rows are padded with zeros to a multiple of
+    :data:`ROW_BLOCK` values (strides ``(F', 1)``, ``F'`` >= ``F``), or ``rows`` itself where a
+    CPU's bfloat16 GEMM reads nothing past a row (another dtype or device, a column-major view,
+    ``F`` a multiple of the block): the module docstring."""
+    f = rows.shape[1]
+    if rows.dtype != torch.bfloat16 or rows.is_cuda or rows.stride(1) != 1 or not f % ROW_BLOCK:
+        return rows
+    padded = rows.new_zeros(rows.shape[0], -(-f // ROW_BLOCK) * ROW_BLOCK)  # [M, F']
+    return padded[:, :f].copy_(rows)  # [M, F], its zeros past each row
 
 
 def linear_rows(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """``bias + rows @ weight^T``: ``[M, F] -> [M, Cout]`` in ONE GEMM, the bias added before
     its one rounding."""
     weight = weight.to(rows.dtype)  # float16 rows come as float32: the GEMM's inputs, widened
+    rows = padded_rows(rows)  # a CPU's bfloat16 GEMM reads nothing of the next row
     if rows.is_cuda and rows.dtype in SIXTEEN_BIT:
         y = torch.mm(rows, weight.t(), out_dtype=torch.float32)  # [M, Cout] the accumulator
         if bias is not None:

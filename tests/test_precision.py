@@ -14,6 +14,7 @@ from fovi_ref.check.bench import gemm_dtypes
 from fovi_ref.check.check_ops import check_ops
 from fovi_ref.check.jobs import layer_names
 from fovi_ref.geometry import get_layer
+from fovi_ref.layout import linear_rows, padded_rows
 from fovi_ref.precision import (
     GEMM_DTYPE_SOURCES,
     GEMM_DTYPES,
@@ -242,3 +243,29 @@ def test_cuda_mm_can_return_its_float32_accumulator(dtype):
     exact = a.double().sum(dim=1, keepdim=True)
     magnitude = float(a.double().abs().sum(dim=1).max())  # float32 accumulation: gamma_N(u32) M
     assert float((got.double() - exact).abs().max()) <= 4097 * 2.0**-24 * magnitude
+
+
+# ------------------------------------------------- a CPU's bfloat16 GEMM reads past each row
+def test_padded_rows_pads_only_a_row_major_bfloat16_operand_not_a_multiple_of_the_block():
+    rows = torch.randn(5, 63).to(BF16)
+    padded = padded_rows(rows)
+    assert padded.stride() == (64, 1) and torch.equal(padded, rows)
+    assert torch.equal(padded.as_strided((5, 64), (64, 1))[:, 63:], torch.zeros(5, 1, dtype=BF16))
+    for kept in (rows.float(), rows.half(), torch.randn(5, 64).to(BF16), rows.t().contiguous().t()):
+        assert padded_rows(kept) is kept
+
+
+@pytest.mark.parametrize("backend", ["general", "general[node_rows]", "general[few_columns]"])
+def test_an_inf_in_x_reaches_no_other_node_on_the_narrow_bfloat16_path(backend):
+    """``y`` of a node that reads no inf stays finite where the rows are 63 and 129 values long
+    (``Cin*V`` of ``cin_63`` and ``v_33``). Unpadded, a CPU whose bfloat16 GEMM over-reads
+    (AVX512-BF16) gave nan there, at ``y`` of the node before (rows 4 and 5 below); elsewhere
+    this holds trivially."""
+    with gemm_dtypes.forced("narrow"):
+        report = check_ops(_ops(backend), graphs=["cin_63", "v_33"], dtypes=[BF16],
+                           checks=["nonfinite"])  # fmt: skip
+    assert report.ok, report
+    rows = torch.ones(36, 63, dtype=BF16)
+    rows[5, 0] = float("inf")
+    y = linear_rows(rows, torch.ones(4, 63, dtype=BF16), torch.zeros(4, dtype=BF16))
+    assert bool(y[4].isfinite().all()) and bool(y[5].isinf().all())

@@ -243,6 +243,9 @@ this check where ``V > 1``. That path also stores each cell, and ``grad_z``, in 
 dtype, so a float16 cell or ``grad_z`` past 65504 is inf where ``y``, ``grad_weight`` and
 ``grad_x`` are finite (check ``rounding``; fovi's finding
 ``scripts/fovi_findings/f16_cell_sum_overflow.py``): ``einsum_baseline`` fails those rows too.
+On a CPU with native bfloat16 GEMMs its ``F.linear`` reads past the end of each row of its
+features (where ``Cin*V`` is not a multiple of 32) and turns an inf of one node into nan at the
+node before (:mod:`fovi_ref.layout`): it fails ``nonfinite`` ``y`` in bfloat16 there.
 
 **The baseline**, ``einsum_baseline`` (fovi's path) run in the same dtype, is judged by the same
 rule and its worst ratio is *reported* beside the backend's, not used for pass/fail: it shows
