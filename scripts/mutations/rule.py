@@ -8,8 +8,9 @@ harness's own tests judge every mutant, and ``rule_record.json`` says what each 
     python scripts/mutations/rule.py --sample 4 --seed 0   # CI: rerun a seeded sample of the record
 
 **What is mutated** (:data:`FUNCTIONS`): the functions that compute the bound and the verdict,
-``gamma``, ``expected_quantities``, ``vacuous_stores``, ``error_bound``, ``_ratios`` and
-``judge_elementwise`` in ``fovi_ref/check/tolerances.py``, every function of
+``gamma``, ``_largest``, ``expected_quantities``, ``vacuous_stores``, ``accumulated_error``,
+``_oracle_error``, ``error_bound``, ``nonfinite_stands``, ``_ratios`` and ``judge_elementwise``
+in ``fovi_ref/check/tolerances.py``, every function of
 ``fovi_ref/check/magnitude.py``, and check_ops' comparing helpers (``_judge``,
 ``_first_offender``, ``_check_doors``, ``_check_padding``). Every backend verdict of the battery
 rests on them: a loosened bound passes real bugs, a tightened one fails correct kernels.
@@ -74,9 +75,13 @@ COPIED = ("fovi_ref", "tests", "scripts")
 FUNCTIONS = {
     "fovi_ref/check/tolerances.py": (
         "gamma",
+        "_largest",
         "expected_quantities",
         "vacuous_stores",
+        "accumulated_error",
+        "_oracle_error",
         "error_bound",
+        "nonfinite_stands",
         "_ratios",
         "judge_elementwise",
     ),
