@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-from fovi_ref.layout import linear_rows, y_from_rows
+from fovi_ref.layout import linear_rows, padded_rows, y_from_rows
 from fovi_ref.meta import Derived, KNNMeta
 from fovi_ref.precision import gemm_dtype, stored_product
 from fovi_ref.segment_sum import accumulation_dtype
@@ -176,7 +176,8 @@ class GatherGemmOps:
         d_sel = d_rows.transpose(1, 2)  # [B, Cin, Nout], a view of d_rows [B, Nout, Cin]
         if uses_dense_scatter(meta, grad_y.device) and data["scatter"].numel():
             s = data["scatter"].to(acc)  # [Nout, Nin]; no copy in float32
-            grad_x = d_sel.reshape(batch * c_in, meta.n_out) @ s  # [B*Cin, Nin]
+            d_cols = padded_rows(d_sel.reshape(batch * c_in, meta.n_out))  # [B*Cin, Nout]
+            grad_x = d_cols @ s  # [B*Cin, Nin]
             return grad_x.view(batch, c_in, meta.n_in).to(grad_y.dtype)
         # The scatter reads the view: folding it first would copy every value once more. It adds
         # in float32 (a narrow 16-bit d_sel is widened: index_add_ takes one dtype), so

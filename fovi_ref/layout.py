@@ -27,7 +27,8 @@ custom ops call it). The battery's ``rounding`` check holds the promise on CUDA
 reads each row of a row-major ``rows`` in blocks of :data:`ROW_BLOCK` values and multiplies what
 lies past the row's end by zeros. Where a row's length ``F`` is not a multiple of the block, it
 reads the first values of the next row there, and an inf among them gives ``0 * inf = nan`` in
-the row before: ``y`` of a node that reads no inf. So such rows are copied, once, into a buffer
+the row before: ``y`` of a node that reads no inf (or, in ``gather_gemm``'s dense ``S``, the
+``grad_x`` of another channel). So such rows are copied, once, into a buffer
 whose rows are padded with zeros to a multiple of the block, and the GEMM reads that buffer's
 rows (stride ``F`` rounded up) and their own zeros. fovi-resnet18's layers other than the stem
 have ``F = Cin*V`` a multiple of 64 and pay nothing; ``tests/test_precision.py`` holds it where

@@ -269,3 +269,15 @@ def test_an_inf_in_x_reaches_no_other_node_on_the_narrow_bfloat16_path(backend):
     rows[5, 0] = float("inf")
     y = linear_rows(rows, torch.ones(4, 63, dtype=BF16), torch.zeros(4, dtype=BF16))
     assert bool(y[4].isfinite().all()) and bool(y[5].isinf().all())
+
+
+def test_an_inf_weight_reaches_no_other_channel_through_the_dense_scatter_in_bfloat16():
+    """gather_gemm's dense ``S`` (CUDA's path, forced) multiplies rows of ``Nout`` values
+    (``downsample_wide``: 65), one per (sample, channel): a non-finite weight's channel reaches no
+    other channel's ``grad_x``. Unpadded, an over-reading CPU gave nan in the channel before."""
+    from fovi_ref.check.bench.budget import forced_grad_input_path
+
+    with gemm_dtypes.forced("narrow"), forced_grad_input_path("dense"):
+        report = check_ops("gather_gemm", graphs=["downsample_wide"], dtypes=[BF16],
+                           checks=["nonfinite"])  # fmt: skip
+    assert report.ok, report
