@@ -811,6 +811,9 @@ def test_a_16_bit_inf_is_allowed_where_ref_plus_its_accumulated_error_is_the_thr
     assert reach(as_float(above)) == FLOAT16_OVERFLOW  # reached exactly, not jumped over
     assert _inf_judged(torch.float16, as_float(above), as_float(above))
     assert not _inf_judged(torch.float16, as_float(below), as_float(below))
+    # the mirror: -inf where ref - r is -T exactly, and not a float64 step above
+    assert _judged(-math.inf, torch.float16, one_y(-as_float(above), as_float(above)))
+    assert not _judged(-math.inf, torch.float16, one_y(-as_float(below), as_float(below)))
 
 
 def hub(readers: int) -> KNNMeta:

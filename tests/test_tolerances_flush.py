@@ -10,6 +10,7 @@ float16, whose subnormals every GEMM keeps.
 from __future__ import annotations
 
 import dataclasses
+import math
 from fractions import Fraction
 
 import pytest
@@ -104,3 +105,22 @@ def test_a_float16_subnormal_lost_fails():
                             None, one * (1 + tiny))  # fmt: skip
         verdict = judge_elementwise(torch.zeros(1, 1, 1, dtype=dtype), expected)
         assert verdict.ok == (dtype == torch.bfloat16), dtype
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
+def test_a_non_finite_operand_does_not_widen_the_flush_allowance(bad):
+    """``A`` and ``B`` are the largest *finite* values: an inf or a nan in ``x`` (which the
+    ``nonfinite`` check plants) leaves every other element's bfloat16 bound as it was without
+    it. Where ``M = 0`` the flush term is most of the bound, so a changed ``A`` shows."""
+    meta = spanning_graph("base").meta
+    x, w, b, gy = sample_operands(meta, 2, batch=2, seed=0, dtype=torch.bfloat16)
+    x, w = torch.zeros_like(x), w.clamp(-0.25, 0.25)
+    planted = x.clone()
+    planted[0, 0, 0] = bad
+    clean = expected_quantities(x, w, None, meta, gy)
+    dirty = expected_quantities(planted, w, None, meta, gy)
+    for quantity in ("y", "grad_weight"):
+        assert torch.equal(dirty[quantity].factor_max, clean[quantity].factor_max), quantity
+    reads = (meta.knn == 0).any(dim=0)  # [Nout] nodes that read input 0
+    kept = error_bound(dirty["y"], torch.bfloat16)[:, :, ~reads]
+    assert torch.equal(kept, error_bound(clean["y"], torch.bfloat16)[:, :, ~reads])
