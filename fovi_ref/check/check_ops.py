@@ -123,7 +123,7 @@ from fovi_ref.check.graphs import (
     spanning_graph,
     spanning_graphs,
 )
-from fovi_ref.check.magnitude import knn_conv_magnitude
+from fovi_ref.check.magnitude import fan_out, knn_conv_magnitude
 from fovi_ref.check.operands import forward_and_grads, sample_operands
 from fovi_ref.check.protocol import policed
 from fovi_ref.check.tolerances import (
@@ -213,8 +213,9 @@ def _graph_item(item: Any, seed: int, device: torch.device) -> list[TestGraph]:
             f"{type(item).__name__} lacks {', '.join(missing)}"
         )
     if not isinstance(item.meta, KNNMeta):
-        raise TypeError(f"graphs: {item.name!r}.meta must be a KNNMeta, got "
-                        f"{type(item.meta).__name__}")  # fmt: skip
+        raise TypeError(
+            f"graphs: {item.name!r}.meta must be a KNNMeta, got {type(item.meta).__name__}"
+        )
     c_out = item.out_channels
     if isinstance(c_out, bool) or not isinstance(c_out, numbers.Integral) or c_out < 1:
         raise ValueError(f"graphs: {item.name!r}.out_channels must be an int >= 1, got {c_out!r}")
@@ -304,7 +305,7 @@ class ReportRow:
                     ("got", self.value),
                     ("oracle", self.oracle),
                     ("bound", self.bound),
-                )  # fmt: skip
+                )
                 if value is not None
             ]
             lines.append(f"  at {at} ({self.where}): {', '.join(figures)}")
@@ -456,13 +457,28 @@ class _Case:
         makes several)."""
         text = f"{type(err).__name__}: {err}".splitlines()[0][:160]
         note = f"raised {text}" + (f" ({door})" if door else "")
-        return ReportRow(self.graph.name, dtype_name(self.dtype), check, quantity, False,
-                         note=note, replay=self.replay(check))  # fmt: skip
+        return ReportRow(
+            self.graph.name,
+            dtype_name(self.dtype),
+            check,
+            quantity,
+            False,
+            note=note,
+            replay=self.replay(check),
+        )
 
     def plain_row(self, check: str, ok: bool, note: str = "", **figures: Any) -> ReportRow:
         replay = "" if ok else self.replay(check)
-        return ReportRow(self.graph.name, dtype_name(self.dtype), check, "all", ok, note=note,
-                         replay=replay, **figures)  # fmt: skip
+        return ReportRow(
+            self.graph.name,
+            dtype_name(self.dtype),
+            check,
+            "all",
+            ok,
+            note=note,
+            replay=replay,
+            **figures,
+        )
 
     def replay(self, check: str) -> str:
         return _replay(self.graph.name, self.dtype, check, self.options)
@@ -484,9 +500,14 @@ def _operands(case: _Case) -> list[torch.Tensor]:
 
 def _expected(case: _Case, x, w, b, gy) -> dict[str, Expected]:
     return expected_quantities(
-        x, w, b, case.graph.meta, gy,
-        all_padding=case.all_padding, bias_rounding=case.bias_rounding,
-    )  # fmt: skip
+        x,
+        w,
+        b,
+        case.graph.meta,
+        gy,
+        all_padding=case.all_padding,
+        bias_rounding=case.bias_rounding,
+    )
 
 
 def _cancelling(case: _Case, x, w, b, gy) -> list[torch.Tensor]:
@@ -664,7 +685,7 @@ def _grad_y_summed_past_float16_max(case: _Case, x, w, b, gy) -> list[torch.Tens
     meta = case.graph.meta
     if case.dtype != torch.float16 or case.batch == 0:
         return None
-    most = int(_fan_out(meta).max())
+    most = int(fan_out(meta).max())
     if most < 2 or (meta.k != 1 and most < HUB_READERS):
         return None
     weight = _scale_to_fit(F16_PAST_MAX * case.graph.out_channels * most)
@@ -678,18 +699,13 @@ term, all of one sign, can reach the sum itself in bfloat16 (``gamma_F(u) >= 1``
 ``F u >= 1/2``; :mod:`fovi_ref.check.tolerances`, step 2 (c))."""
 
 
-def _fan_out(meta: KNNMeta) -> torch.Tensor:
-    """``F [Nin]``: how many real entries read each input (its readers)."""
-    return torch.bincount(meta.knn[~meta.pad_mask], minlength=meta.n_in)
-
-
 def many_terms(meta: KNNMeta, batch: int) -> bool:
     """True where some sum a backend may add term by term has :data:`MANY_TERMS` terms or more:
     the readers of one input (``grad_x``) or a cell's entries over the batch and the nodes
     (``grad_weight``)."""
     real = ~meta.pad_mask  # [K, Nout]
     entries = torch.bincount(meta.rf_index.t()[real], minlength=meta.v)  # [V] per cell
-    most = max(int(_fan_out(meta).max()), batch * int(entries.max())) if real.any() else 0
+    most = max(int(fan_out(meta).max()), batch * int(entries.max())) if real.any() else 0
     return most >= MANY_TERMS
 
 
@@ -737,8 +753,9 @@ def _baseline(case: _Case, operands, exclude: str | None) -> dict[str, torch.Ten
     return _run(BASELINE, case.graph.meta, *operands)
 
 
-def _check_oracle(ops, case, operands, check, *, name=None, expected=None, quantities=JUDGED,
-                  note=""):  # fmt: skip
+def _check_oracle(
+    ops, case, operands, check, *, name=None, expected=None, quantities=JUDGED, note=""
+):
     """The oracle (or cancellation, rounding) check through the eager door, on
     ``quantities``; ``(rows, results)``."""
     try:
@@ -756,8 +773,9 @@ def _check_rounding(ops, case, operands) -> list[ReportRow]:
     for build, quantities, note in _ROUNDING_CASES:
         built = build(case, *operands)
         if built is not None:
-            rows += _check_oracle(ops, case, built, "rounding", name=ops.name,
-                                  quantities=quantities, note=note)[0]  # fmt: skip
+            rows += _check_oracle(
+                ops, case, built, "rounding", name=ops.name, quantities=quantities, note=note
+            )[0]
     return rows
 
 
@@ -828,8 +846,9 @@ def _check_padding(ops, case, operands) -> list[ReportRow]:
     expected = _expected(case, x, w, b, gy)
     rows = []
     for quantity in JUDGED:
-        row = case.row("padding", judge_elementwise(got[quantity], expected[quantity],
-                                                    dtype=case.dtype))  # fmt: skip
+        row = case.row(
+            "padding", judge_elementwise(got[quantity], expected[quantity], dtype=case.dtype)
+        )
         bad = None
         if quantity == "y" and bool(empty.any()):
             y_empty = got["y"][:, :, empty]  # [B, Cout, E]
@@ -844,11 +863,16 @@ def _check_padding(ops, case, operands) -> list[ReportRow]:
         if bad is not None and bool(bad.any()):  # the exact rule: no ratio, the element itself
             index = _first_offender(bad, nodes)
             row = dataclasses.replace(
-                row, ok=False, ratio=math.inf, note="; ".join(filter(None, (what, row.note))),
+                row,
+                ok=False,
+                ratio=math.inf,
+                note="; ".join(filter(None, (what, row.note))),
                 index=index,
-                where=_where(meta, quantity, index), value=float(got[quantity][index]),
-                oracle=float(expected[quantity].value[index]), bound=0.0,
-            )  # fmt: skip
+                where=_where(meta, quantity, index),
+                value=float(got[quantity][index]),
+                oracle=float(expected[quantity].value[index]),
+                bound=0.0,
+            )
         rows.append(row)
     return rows
 
@@ -881,10 +905,14 @@ def _variants(case: _Case, x, w, b, gy) -> list[tuple[str, list]]:
     strided = x.new_zeros(*x.shape[:2], 2 * x.shape[2])[:, :, ::2]  # [B, Cin, Nin], stride 2
     strided.copy_(x)
     fovi = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (x, gy)]  # node-major
-    out = [("x in fovi's layout", [fovi[0], w, b, gy]), ("x a strided slice", [strided, w, b, gy]),
-           ("bias None", [x, w, None, gy]), ("grad_y in fovi's layout", [x, w, b, fovi[1]]),
-           ("grad_y expanded (stride 0)", [x, w, b, gy[:, :, :1].expand_as(gy)]),
-           ("weight transposed in memory", [x, w.t().contiguous().t(), b, gy])]  # fmt: skip
+    out = [
+        ("x in fovi's layout", [fovi[0], w, b, gy]),
+        ("x a strided slice", [strided, w, b, gy]),
+        ("bias None", [x, w, None, gy]),
+        ("grad_y in fovi's layout", [x, w, b, fovi[1]]),
+        ("grad_y expanded (stride 0)", [x, w, b, gy[:, :, :1].expand_as(gy)]),
+        ("weight transposed in memory", [x, w.t().contiguous().t(), b, gy]),
+    ]
     if b is not None:  # every other element of a buffer twice its length
         b_strided = b.new_zeros(2 * b.shape[0])[::2]
         b_strided.copy_(b)
@@ -926,8 +954,11 @@ def _check_gradcheck(ops, case) -> list[ReportRow]:
         ok = torch.autograd.gradcheck(fn, (x, w, b), raise_exception=False)
     except Exception as err:
         return [case.error_row("gradcheck", "all", err)]
-    return [case.plain_row("gradcheck", bool(ok), "" if ok else "analytical and numerical "
-                           "Jacobians differ")]  # fmt: skip
+    return [
+        case.plain_row(
+            "gradcheck", bool(ok), "" if ok else "analytical and numerical Jacobians differ"
+        )
+    ]
 
 
 def _check_determinism(ops, case, operands, first) -> list[ReportRow]:
@@ -940,13 +971,15 @@ def _check_determinism(ops, case, operands, first) -> list[ReportRow]:
     return [case.plain_row("determinism", not differ, note)]
 
 
-def _check_arguments(checks, dtypes, batch, seed, gradcheck_max_numbers, all_padding,
-                     bias_rounding) -> None:  # fmt: skip
+def _check_arguments(
+    checks, dtypes, batch, seed, gradcheck_max_numbers, all_padding, bias_rounding
+) -> None:
     """``TypeError``/``ValueError`` naming the argument, before anything runs."""
     for what, value in (("checks", checks), ("dtypes", dtypes)):
         if isinstance(value, (str, torch.dtype)):
-            raise TypeError(f"{what} must be a sequence, got {value!r} alone: wrap it, "
-                            f"({value!r},)")  # fmt: skip
+            raise TypeError(
+                f"{what} must be a sequence, got {value!r} alone: wrap it, ({value!r},)"
+            )
     odd = [d for d in dtypes if d not in DTYPES.values()]
     if odd:
         raise ValueError(f"dtypes must be among {list(DTYPES)}, got {odd}")
@@ -954,9 +987,11 @@ def _check_arguments(checks, dtypes, batch, seed, gradcheck_max_numbers, all_pad
     if unknown:
         raise ValueError(f"unknown checks {sorted(unknown)}; choose from {CHECKS}")
     if not checks or not dtypes:
-        raise ValueError(f"check_ops needs at least one check and one dtype, got checks="
-                         f"{tuple(checks)!r}, dtypes={tuple(dtypes)!r}: an empty battery "
-                         "judges nothing")  # fmt: skip
+        raise ValueError(
+            f"check_ops needs at least one check and one dtype, got checks="
+            f"{tuple(checks)!r}, dtypes={tuple(dtypes)!r}: an empty battery "
+            "judges nothing"
+        )
     for what, value, high in (
         ("batch", batch, None),
         ("seed", seed, 2**62),
@@ -1020,8 +1055,7 @@ def check_ops(
     a failed row says that nothing was judged. An exception from
     the ops is a failed row, not a crash.
     """
-    _check_arguments(checks, dtypes, batch, seed, gradcheck_max_numbers, all_padding,
-                     bias_rounding)  # fmt: skip
+    _check_arguments(checks, dtypes, batch, seed, gradcheck_max_numbers, all_padding, bias_rounding)
     ops = policed(get_ops(ops) if isinstance(ops, str) else ops)
     try:
         device = torch.device(device)
@@ -1057,10 +1091,15 @@ def check_ops(
                 dtypes if graph.dtypes is None else [d for d in dtypes if d in graph.dtypes]
             ):
                 case = _Case(
-                    graph, dtype, device, graph_seed(graph.name, seed),
-                    batch if graph.batch is None else graph.batch, all_padding, bias_rounding,
+                    graph,
+                    dtype,
+                    device,
+                    graph_seed(graph.name, seed),
+                    batch if graph.batch is None else graph.batch,
+                    all_padding,
+                    bias_rounding,
                     options,
-                )  # fmt: skip
+                )
                 report.rows += _run_checks(ops, door, case, graph_checks)
                 if stop_at_first_fail and not report.ok:
                     return report
@@ -1073,8 +1112,16 @@ def check_ops(
                 and torch.float64 in dtypes
                 and numbers <= gradcheck_max_numbers
             ):
-                case = _Case(graph, torch.float64, device, graph_seed(graph.name, seed), 2,
-                             all_padding, "fused", options)  # fmt: skip
+                case = _Case(
+                    graph,
+                    torch.float64,
+                    device,
+                    graph_seed(graph.name, seed),
+                    2,
+                    all_padding,
+                    "fused",
+                    options,
+                )
                 report.rows += _check_gradcheck(ops, case)
                 if stop_at_first_fail and not report.ok:
                     return report
@@ -1092,8 +1139,9 @@ def _run_checks(ops, door: str, case: _Case, checks: Sequence[str]) -> list[Repo
     expected = _expected(case, *operands)
     first = None
     if "oracle" in checks or "determinism" in checks:
-        found, first = _check_oracle(ops, case, operands, "oracle", name=ops.name,
-                                     expected=expected)  # fmt: skip
+        found, first = _check_oracle(
+            ops, case, operands, "oracle", name=ops.name, expected=expected
+        )
         rows += found if "oracle" in checks else []
     if "doors" in checks:
         rows += _check_doors(ops, door, case, operands, expected)

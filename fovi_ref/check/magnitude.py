@@ -123,6 +123,12 @@ def knn_conv_term_counts(
     )
 
 
+def fan_out(meta: KNNMeta) -> torch.Tensor:
+    """``F [Nin]``, int64: how many real entries read each input (its readers), the number of
+    terms of ``grad_x[b, c, i]`` per output channel."""
+    return torch.bincount(meta.knn[~meta.pad_mask], minlength=meta.n_in)
+
+
 def shared_cell_meta(meta: KNNMeta) -> KNNMeta:
     """The graph restricted to the neighbours that share their cell with another real neighbour
     of the same node; every other neighbour becomes padding.

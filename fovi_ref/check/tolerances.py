@@ -303,6 +303,7 @@ import torch
 from fovi_ref import KNNMeta, dtype_name
 from fovi_ref.check.magnitude import (
     binned_cells,
+    fan_out,
     knn_conv_magnitude,
     knn_conv_term_counts,
     oracle_quantities,
@@ -399,8 +400,11 @@ class Expected:
 
 def _largest(*operands: torch.Tensor | None) -> torch.Tensor:
     """The largest finite ``|value|`` among ``operands`` (float64 scalar; 0 where none)."""
-    found = [t.detach().double().abs().nan_to_num(nan=0.0, posinf=0.0) for t in operands
-             if t is not None and t.numel()]  # fmt: skip
+    found = [
+        t.detach().double().abs().nan_to_num(nan=0.0, posinf=0.0)
+        for t in operands
+        if t is not None and t.numel()
+    ]
     if not found:
         return torch.zeros((), dtype=torch.float64)
     return torch.stack([t.max() for t in found]).max()
@@ -444,9 +448,7 @@ def expected_quantities(
         w_abs = weight.detach().double().abs().nan_to_num(nan=0.0, posinf=0.0)
         shared_y = torch.einsum("oj,bjn->bon", w_abs, z_abs)
         shared_w = torch.einsum("bon,bjn->oj", grad_y.detach().double().abs(), z_abs)
-    real = meta.knn[~meta.pad_mask]  # [E] inputs read by real neighbours
-    fan_out = torch.bincount(real, minlength=meta.n_in).to(torch.float64)  # [Nin] F(i)
-    fan_out = fan_out[None, None, :]  # [1, 1, Nin]
+    readers = fan_out(meta).to(torch.float64)[None, None, :]  # [1, 1, Nin] F(i)
     zero = torch.zeros((), dtype=torch.float64, device=x.device)
     one = torch.ones((), dtype=torch.float64, device=x.device)
     y_stored, y_stores, y_products = shared_y, one, zero  # (c): the binned features
@@ -463,14 +465,39 @@ def expected_quantities(
     finite_c = finite_w.view(c_out, -1, meta.v).all(dim=2).all(dim=0)  # [Cin]
     poisoned_x = ~finite_c[None, :, None]  # [1, Cin, 1]
     out = {
-        "y": Expected("y", ref.y, mag.y, counts.y, y_stored, y_stores, y_products, poisoned_y,
-                      y_factors),
-        "grad_x": Expected("grad_x", ref.grad_x, mag.grad_x, counts.grad_x, mag.grad_x, fan_out,
-                           fan_out, poisoned_x, grad_x_factors),
-        "grad_weight": Expected("grad_weight", ref.grad_weight, mag.grad_weight,
-                                counts.grad_weight, shared_w, one, zero, None,
-                                grad_weight_factors),
-    }  # fmt: skip
+        "y": Expected(
+            "y",
+            ref.y,
+            mag.y,
+            counts.y,
+            stored=y_stored,
+            stores=y_stores,
+            product_stores=y_products,
+            nonfinite_allowed=poisoned_y,
+            factor_max=y_factors,
+        ),
+        "grad_x": Expected(
+            "grad_x",
+            ref.grad_x,
+            mag.grad_x,
+            counts.grad_x,
+            stored=mag.grad_x,
+            stores=readers,
+            product_stores=readers,
+            nonfinite_allowed=poisoned_x,
+            factor_max=grad_x_factors,
+        ),
+        "grad_weight": Expected(
+            "grad_weight",
+            ref.grad_weight,
+            mag.grad_weight,
+            counts.grad_weight,
+            stored=shared_w,
+            stores=one,
+            product_stores=zero,
+            factor_max=grad_weight_factors,
+        ),
+    }
     if bias is not None:  # a sum of grad_y: no GEMM, no flush
         out["grad_bias"] = Expected(
             "grad_bias", ref.grad_bias, mag.grad_bias, counts.grad_bias, zero, zero, zero
@@ -645,9 +672,19 @@ def judge_elementwise(
     if tuple(value.shape) != tuple(expected.value.shape):
         notes.append(f"shape {tuple(value.shape)}, expected {tuple(expected.value.shape)}")
         return Verdict(
-            expected.name, dtype, math.inf, math.inf, None, math.inf, 0.0, 0.0, 0.0, 0,
-            notes=tuple(notes), ok=False,
-        )  # fmt: skip
+            expected.name,
+            dtype,
+            math.inf,
+            math.inf,
+            None,
+            math.inf,
+            0.0,
+            0.0,
+            0.0,
+            0,
+            notes=tuple(notes),
+            ok=False,
+        )
     ratio, error, bound, mismatched = _ratios(value, expected, dtype)
     mismatches = int(mismatched.sum())
     worst_value = None
@@ -676,9 +713,19 @@ def judge_elementwise(
         base_abs = float(b_error.max()) if b_error.numel() else 0.0
     ok = worst_ratio <= 1 and mismatches == 0 and (any_dtype or value.dtype == dtype)
     return Verdict(
-        expected.name, dtype, worst_ratio, max_abs, worst, *figures, mismatches, base_ratio,
-        base_abs, tuple(notes), ok, worst_value,
-    )  # fmt: skip
+        expected.name,
+        dtype,
+        worst_ratio,
+        max_abs,
+        worst,
+        *figures,
+        mismatches,
+        base_ratio,
+        base_abs,
+        tuple(notes),
+        ok,
+        worst_value,
+    )
 
 
 # ------------------------------------------------------------------------- a plain figure
