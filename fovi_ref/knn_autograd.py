@@ -42,6 +42,7 @@ from fovi_ref.strategies import GeneralOps
 __all__ = ["derive_for", "knn_conv", "prepare", "route", "route_layer"]
 
 
+# Not mutated (the mutation job mutates the doors' rules only): pyproject.toml, [tool.mutmut].
 # pragma: no mutate start
 # ---------------------------------------------------------------------------------- dispatcher
 def route(meta: KNNMeta) -> str:
@@ -156,10 +157,12 @@ class _KNNConvFunction(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, *args):
+        # torch.func's rules are held by unit tests, not mutated: pyproject.toml, [tool.mutmut].
         return transforms.conv_vmap(knn_conv, info, in_dims, *args)  # pragma: no mutate
 
     @staticmethod
     def jvp(ctx, *tangents):
+        # As vmap: not mutated (pyproject.toml, [tool.mutmut]).
         return transforms.conv_jvp(knn_conv, ctx, *tangents)  # pragma: no mutate
 
 
@@ -267,6 +270,7 @@ _grad_input_op.register_autograd(transforms.refuse_second_order)
 _grad_weight_op.register_autograd(transforms.refuse_second_order)
 
 
+# Not mutated (the mutation job mutates the doors' rules only): pyproject.toml, [tool.mutmut].
 # pragma: no mutate start
 # --------------------------------------------------------------------------------- entry point
 def knn_conv(

@@ -48,7 +48,6 @@ from fovi_ref.segment_sum import accumulation_dtype
 
 __all__ = [
     "DENSE_S_BUDGET",
-    "DENSE_S_BUDGET_SOURCE",
     "GatherGemmOps",
     "derive",
     "gather_gemm_applies",
@@ -59,12 +58,8 @@ NAME = "gather_gemm"
 
 # Largest Nout*Nin for which grad_input multiplies by the dense S, per device type: the largest
 # size at which the dense path is no slower (CPU: at no size, beyond the noise band). Where each
-# value comes from is DENSE_S_BUDGET_SOURCE; tests/test_notebook_claims.py holds each to it.
+# value comes from is the harness's to say (fovi_ref.check.bench.budget.DENSE_S_BUDGET_SOURCE).
 DENSE_S_BUDGET: dict[str, int] = {"cpu": 0, "cuda": 99856}
-DENSE_S_BUDGET_SOURCE: dict[str, str] = {
-    "cpu": "measured: notebook 04 sweep",
-    "cuda": "derived: notebook 04 model, unmeasured",
-}
 S_MAX_ELEMENTS = 2**20
 """``S`` is derived (and kept) only for graphs up to this size: the largest size notebook 04
 sweeps, so no budget above it could be measured."""

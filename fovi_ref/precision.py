@@ -19,10 +19,11 @@ Narrow costs one rounding of each stored value ``s``, at most ``u |s|`` (``u = 2
 and buys the 16-bit GEMM, where the hardware has one: tensor cores on a GPU, AVX512-BF16 or AMX on
 a CPU. Where it has none, a 16-bit GEMM is emulated and far slower than a float32 one, and wide is
 both faster and more accurate. So the choice is a fact about the hardware, kept as data:
-:data:`GEMM_DTYPES`, keyed by :func:`platform` and the input dtype, and :data:`GEMM_DTYPE_SOURCES`
-says where each entry comes from. ``python -m fovi_ref bench --gemm-dtypes`` times a GEMM of each
-dtype on this machine and writes a record; ``tests/test_precision.py`` holds every entry of the
-recorded platform to it. Entries no machine here has measured are marked derived.
+:data:`GEMM_DTYPES`, keyed by :func:`platform` and the input dtype. ``python -m fovi_ref bench
+--gemm-dtypes`` times a GEMM of each dtype on this machine and writes a record, and the harness
+says where each entry comes from, measured or derived
+(``fovi_ref.check.bench.gemm_dtypes.GEMM_DTYPE_SOURCES``); ``tests/test_precision.py`` holds
+every measured entry to its record.
 
 **What torch gives** (checked in ``tests/test_precision.py`` and ``tests/test_tolerances.py``):
 on a CPU, ``mm``, ``addmm``, ``matmul``, ``bmm``, ``F.linear`` and ``einsum`` of 16-bit operands
@@ -52,8 +53,6 @@ import torch
 
 __all__ = [
     "GEMM_DTYPES",
-    "GEMM_DTYPE_SOURCES",
-    "MEASURED",
     "SIXTEEN_BIT",
     "gemm_dtype",
     "platform",
@@ -74,19 +73,6 @@ GEMM_DTYPES: dict[tuple[str, torch.dtype], torch.dtype] = {
 }
 """The dtype of the GEMMs of a 16-bit call, by ``(platform, input dtype)``: float32 is wide, the
 input's own dtype narrow. A platform missing here runs wide."""
-
-MEASURED = "measured: bench --gemm-dtypes, record fovi_ref/check/bench/gemm_record.json"
-
-GEMM_DTYPE_SOURCES: dict[tuple[str, torch.dtype], str] = {
-    ("cpu", torch.bfloat16): MEASURED,
-    ("cpu", torch.float16): MEASURED,
-    ("cpu_bf16", torch.bfloat16): "derived, unmeasured: oneDNN runs bfloat16 GEMMs natively there",
-    ("cpu_bf16", torch.float16): "derived, unmeasured: such CPUs have no native float16 GEMM",
-    ("cuda", torch.bfloat16): "derived, unmeasured: tensor cores outrun float32 units many times",
-    ("cuda", torch.float16): "derived, unmeasured: tensor cores outrun float32 units many times",
-}
-"""Where each entry of :data:`GEMM_DTYPES` comes from: ``measured`` (a stored record that
-``tests/test_precision.py`` holds it to) or ``derived, unmeasured`` (and why)."""
 
 
 @functools.cache

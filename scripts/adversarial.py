@@ -44,8 +44,9 @@ def finding(category: str, case: str, result: str, silent: bool) -> None:
 
 
 # ------------------------------------------------------------------------------ graphs
-def make_meta(rng: random.Random, *, k=None, v=None, n_in=None, n_out=None, c_in=None,
-              pad=None, dup=False) -> KNNMeta:  # fmt: skip
+def make_meta(
+    rng: random.Random, *, k=None, v=None, n_in=None, n_out=None, c_in=None, pad=None, dup=False
+) -> KNNMeta:
     k = k or rng.choice([1, 1, 2, 3, 5])
     v = v or rng.choice([1, 1, 2, 3, 7])
     n_in = n_in or rng.choice([1, 2, 3, 7, 11])
@@ -102,11 +103,13 @@ def judge(category, case, x, w, b, meta, gy, got, want, *, dtype, all_padding="b
     if tuple(y.shape) != shape:
         finding(category, case, f"y shape {tuple(y.shape)}, expected {shape}", True)
         return False
-    exp = expected_quantities(x.detach(), w.detach(), None if b is None else b.detach(), meta,
-                              gy, all_padding=all_padding)  # fmt: skip
+    exp = expected_quantities(
+        x.detach(), w.detach(), None if b is None else b.detach(), meta, gy, all_padding=all_padding
+    )
     ok = True
-    for name, value, asked in zip(("y", "grad_x", "grad_weight", "grad_bias"), got,
-                                  (True, *want), strict=True):  # fmt: skip
+    for name, value, asked in zip(
+        ("y", "grad_x", "grad_weight", "grad_bias"), got, (True, *want), strict=True
+    ):
         if name == "grad_bias" and b is None:
             continue
         if not asked:
@@ -150,8 +153,14 @@ def attempt(category: str, case: str, fn: Callable, *, valid: bool) -> object:
     TRIED[category] += 1
     try:
         out = fn()
-    except (TypeError, ValueError, LookupError, RuntimeError, NotImplementedError,
-            AttributeError) as e:  # fmt: skip
+    except (
+        TypeError,
+        ValueError,
+        LookupError,
+        RuntimeError,
+        NotImplementedError,
+        AttributeError,
+    ) as e:
         if valid:
             finding(category, case, f"raised {type(e).__name__}: {str(e)[:160]}", False)
         return e
@@ -207,8 +216,9 @@ def fuzz_one(i: int, seed: int) -> None:
         b = None
     elif rng.random() < 0.3:
         b = relayout(b, "strided")
-    how = rng.choice(["contiguous", "transposed", "strided", "flipped", "batch_first_perm",
-                      "stride0"])  # fmt: skip
+    how = rng.choice(
+        ["contiguous", "transposed", "strided", "flipped", "batch_first_perm", "stride0"]
+    )
     stride0 = how == "stride0" and batch >= 1
     x = x[:1].expand(batch, -1, -1) if stride0 else relayout(x, how)
     w = relayout(w, rng.choice(["contiguous", "transposed", "strided"]))
@@ -221,10 +231,12 @@ def fuzz_one(i: int, seed: int) -> None:
     backend = rng.choice(backends)
     want = tuple(rng.random() < 0.7 for _ in range(3))
     path = rng.choice(["knn_conv", "knn_conv", "layer"])
-    case = (f"#{i} K={meta.k} V={meta.v} Nin={meta.n_in} Nout={meta.n_out} "
-            f"Cin={meta.in_channels} Cout={c_out} B={batch} pad={int(meta.pad_mask.sum())} "
-            f"{dtype} {values} x:{how} gy:{gy_how} bias={b is not None} backend={backend} "
-            f"want={want} {path}")  # fmt: skip
+    case = (
+        f"#{i} K={meta.k} V={meta.v} Nin={meta.n_in} Nout={meta.n_out} "
+        f"Cin={meta.in_channels} Cout={c_out} B={batch} pad={int(meta.pad_mask.sum())} "
+        f"{dtype} {values} x:{how} gy:{gy_how} bias={b is not None} backend={backend} "
+        f"want={want} {path}"
+    )
     xx, ww = x.detach().clone(), w.detach().clone()  # values for the oracle
     bb = None if b is None else b.detach().clone()
     if path == "knn_conv":
@@ -252,13 +264,17 @@ def fuzz_one(i: int, seed: int) -> None:
 
         def lcall(layer=layer, x_in=x_in):
             y = layer(x_in)
-            leaves = [t for t, a in ((x_in, want[0]), (layer.weight, want[1]),
-                                     (layer.bias, want[2])) if t is not None and a]  # fmt: skip
+            leaves = [
+                t
+                for t, a in ((x_in, want[0]), (layer.weight, want[1]), (layer.bias, want[2]))
+                if t is not None and a
+            ]
             out = [y.detach(), None, None, None]
             if leaves:
                 gs = iter(torch.autograd.grad(y, leaves, gy.to(y.dtype)))
-                for j, (t, a) in enumerate(((x_in, want[0]), (layer.weight, want[1]),
-                                            (layer.bias, want[2]))):  # fmt: skip
+                for j, (t, a) in enumerate(
+                    ((x_in, want[0]), (layer.weight, want[1]), (layer.bias, want[2]))
+                ):
                     if t is not None and a:
                         out[j + 1] = next(gs)
             return tuple(out)
@@ -274,9 +290,14 @@ def magnitudes(seed: int) -> None:
     rng = random.Random(seed)
     for dtype in DTYPES:
         fi = torch.finfo(dtype)
-        scales = {"tiny": fi.tiny, "subnormal": fi.tiny * fi.eps * 4, "1e-30": 1e-30,
-                  "sqrt max": math.sqrt(fi.max), "max/64": fi.max / 64,
-                  "max/4": fi.max / 4}  # fmt: skip
+        scales = {
+            "tiny": fi.tiny,
+            "subnormal": fi.tiny * fi.eps * 4,
+            "1e-30": 1e-30,
+            "sqrt max": math.sqrt(fi.max),
+            "max/64": fi.max / 64,
+            "max/4": fi.max / 4,
+        }
         for name, scale in scales.items():
             for trial in range(6):
                 meta = make_meta(rng, k=rng.choice([1, 3]), v=rng.choice([1, 2]))
@@ -303,14 +324,21 @@ def edge_shapes(seed: int) -> None:
     """Cin/Cout 1, K/V 1 and large, n_out 1, n_in 1, all padding, duplicated neighbours."""
     cat = "edge shapes"
     rng = random.Random(seed)
-    shapes = [dict(k=1, v=1, n_in=1, n_out=1, c_in=1), dict(k=9, v=9, n_in=1, n_out=1, c_in=1),
-              dict(k=1, v=40, n_in=3, n_out=4, c_in=1), dict(k=40, v=1, n_in=2, n_out=3, c_in=2),
-              dict(k=33, v=17, n_in=50, n_out=2, c_in=2), dict(k=2, v=2, n_in=1, n_out=30),
-              dict(k=3, v=3, n_in=4, n_out=4, pad=1.0), dict(k=1, v=1, n_in=5, n_out=5, pad=1.0),
-              dict(k=6, v=2, n_in=3, n_out=4, dup=True), dict(k=6, v=1, n_in=1, n_out=1, dup=True),
-              dict(k=1, v=1, n_in=3000, n_out=2000, c_in=1, pad=0.1),
-              dict(k=1, v=1, n_in=2, n_out=3000, c_in=1, pad=0.1),
-              dict(k=4, v=3, n_in=2, n_out=500, c_in=2, pad=0.1)]  # fmt: skip
+    shapes = [
+        dict(k=1, v=1, n_in=1, n_out=1, c_in=1),
+        dict(k=9, v=9, n_in=1, n_out=1, c_in=1),
+        dict(k=1, v=40, n_in=3, n_out=4, c_in=1),
+        dict(k=40, v=1, n_in=2, n_out=3, c_in=2),
+        dict(k=33, v=17, n_in=50, n_out=2, c_in=2),
+        dict(k=2, v=2, n_in=1, n_out=30),
+        dict(k=3, v=3, n_in=4, n_out=4, pad=1.0),
+        dict(k=1, v=1, n_in=5, n_out=5, pad=1.0),
+        dict(k=6, v=2, n_in=3, n_out=4, dup=True),
+        dict(k=6, v=1, n_in=1, n_out=1, dup=True),
+        dict(k=1, v=1, n_in=3000, n_out=2000, c_in=1, pad=0.1),
+        dict(k=1, v=1, n_in=2, n_out=3000, c_in=1, pad=0.1),
+        dict(k=4, v=3, n_in=2, n_out=500, c_in=2, pad=0.1),
+    ]
     for shape in shapes:
         for dtype in DTYPES:
             for batch in (0, 1, 4, 257):
@@ -345,15 +373,26 @@ def modes(seed: int) -> None:
                 if isinstance(y, torch.Tensor):
                     if y.requires_grad:
                         finding(cat, case, "y requires grad under no_grad", True)
-                    judge(cat, case, x, w, b, m, gy, (y, None, None, None), (False,) * 3,
-                          dtype=dtype)  # fmt: skip
+                    judge(
+                        cat, case, x, w, b, m, gy, (y, None, None, None), (False,) * 3, dtype=dtype
+                    )
             # inference tensors as inputs, then a gradient of weight only
             with torch.inference_mode():
                 xi = x.clone()
             case = f"inference-tensor x, grad of weight, {dtype} K={m.k}"
-            got = attempt(cat, case, lambda x=x, w=w, b=b, m=m, xi=xi, gy=gy: run_op(
-                lambda a, c, d: knn_conv(a, c, d, m), xi, w.clone(), b.clone(), gy,
-                (False, True, True)), valid=True)  # fmt: skip
+            got = attempt(
+                cat,
+                case,
+                lambda x=x, w=w, b=b, m=m, xi=xi, gy=gy: run_op(
+                    lambda a, c, d: knn_conv(a, c, d, m),
+                    xi,
+                    w.clone(),
+                    b.clone(),
+                    gy,
+                    (False, True, True),
+                ),
+                valid=True,
+            )
             if isinstance(got, tuple):
                 judge(cat, case, x, w, b, m, gy, got, (False, True, True), dtype=dtype)
             # autocast: float32 operands under autocast to each 16-bit dtype
@@ -362,8 +401,14 @@ def modes(seed: int) -> None:
 
                 def f(x=x, w=w, b=b, m=m, to=to, gy=gy):
                     with torch.autocast("cpu", dtype=to):
-                        return run_op(lambda a, c, d: knn_conv(a, c, d, m), x.clone(), w.clone(),
-                                      b.clone(), gy, (True, True, True))  # fmt: skip
+                        return run_op(
+                            lambda a, c, d: knn_conv(a, c, d, m),
+                            x.clone(),
+                            w.clone(),
+                            b.clone(),
+                            gy,
+                            (True, True, True),
+                        )
 
                 got = attempt(cat, case, f, valid=True)
                 if isinstance(got, tuple):
@@ -374,11 +419,30 @@ def modes(seed: int) -> None:
                         finding(cat, case, f"y {y.dtype}, expected {cast}", True)
                     else:  # the gradients come back in the inputs' dtype: judge in the coarser
                         coarse = dtype if UNIT_ROUNDOFF[dtype] > UNIT_ROUNDOFF[cast] else cast
-                        judge(cat, case, xc, wc, bc, m, gy.to(cast), (y, None, None, None),
-                              (False,) * 3, dtype=cast)  # fmt: skip
-                        judge(cat, case + " (gradients)", xc, wc, bc, m, gy.to(cast),
-                              (y.to(coarse), gx.to(coarse), gw.to(coarse), gb.to(coarse)),
-                              (True,) * 3, dtype=coarse)  # fmt: skip
+                        judge(
+                            cat,
+                            case,
+                            xc,
+                            wc,
+                            bc,
+                            m,
+                            gy.to(cast),
+                            (y, None, None, None),
+                            (False,) * 3,
+                            dtype=cast,
+                        )
+                        judge(
+                            cat,
+                            case + " (gradients)",
+                            xc,
+                            wc,
+                            bc,
+                            m,
+                            gy.to(cast),
+                            (y.to(coarse), gx.to(coarse), gw.to(coarse), gb.to(coarse)),
+                            (True,) * 3,
+                            dtype=coarse,
+                        )
                         for t, g in ((x, gx), (w, gw), (b, gb)):
                             if g.dtype != t.dtype:
                                 finding(
@@ -389,9 +453,11 @@ def modes(seed: int) -> None:
         layer = KNNConv(2, 3, m)
         x = torch.randn(2, 2, m.n_in)
         y0 = layer(x)
-        for how, clone in (("deepcopy", copy.deepcopy),
-                           ("pickle", lambda o: pickle.loads(pickle.dumps(o))),
-                           ("torch.save", _torch_save_load)):  # fmt: skip
+        for how, clone in (
+            ("deepcopy", copy.deepcopy),
+            ("pickle", lambda o: pickle.loads(pickle.dumps(o))),
+            ("torch.save", _torch_save_load),
+        ):
             case = f"{how} layer K={m.k}"
             other = attempt(cat, case, lambda clone=clone, layer=layer: clone(layer), valid=True)
             if isinstance(other, KNNConv):
@@ -460,7 +526,7 @@ def invalid(seed: int) -> None:
         "in_channels 0": lambda: KNNMeta.from_knn(knn, rf, n_in=5, in_channels=0, v=3),
         "in_channels numpy float": lambda: KNNMeta.from_knn(
             knn, rf, n_in=5, in_channels=_np_float(2), v=3
-        ),  # fmt: skip
+        ),
         "K=0": lambda: KNNMeta.from_knn(knn[:0], rf[:, :0], n_in=5, in_channels=2, v=3),
         "Nout=0": lambda: KNNMeta.from_knn(knn[:, :0], rf[:0], n_in=5, in_channels=2, v=3),
         "knn 1-D": lambda: KNNMeta.from_knn(knn[0], rf[:, 0], n_in=5, in_channels=2, v=3),
@@ -472,7 +538,7 @@ def invalid(seed: int) -> None:
             n_in=4,
             in_channels=1,
             v=1,
-        ),  # fmt: skip
+        ),
         "local_rf two ones": lambda: KNNMeta.from_local_rf(
             knn, torch.ones(4, 2, 3), n_in=5, in_channels=2
         ),
@@ -481,7 +547,7 @@ def invalid(seed: int) -> None:
         ),
         "local_rf nan": lambda: KNNMeta.from_local_rf(
             knn, meta.local_rf().masked_fill(meta.local_rf() == 0, math.nan), n_in=5, in_channels=2
-        ),  # fmt: skip
+        ),
         "local_rf shape mismatch": lambda: KNNMeta.from_local_rf(
             knn, meta.local_rf()[:3], n_in=5, in_channels=2
         ),
@@ -544,7 +610,7 @@ def invalid(seed: int) -> None:
         "layer.half() then float x": lambda: KNNConv(2, 3, meta).half()(x),
         "meta with other n_in": lambda: setattr(
             KNNConv(2, 3, meta), "meta", make_meta(rng, k=2, v=3, n_in=6, c_in=2)
-        ),  # fmt: skip
+        ),
         "weight replaced by wrong shape": lambda: _replace_weight(meta, x),
     }
     for name, fn in bad_layers.items():
@@ -555,30 +621,34 @@ def invalid(seed: int) -> None:
         "check_ops unknown backend": lambda: check_ops("nope", graphs=["random"]),
         "check_ops unknown check": lambda: check_ops(
             "general", graphs=["random"], checks=("oracle", "bogus")
-        ),  # fmt: skip
+        ),
         "check_ops graph name bogus": lambda: check_ops("general", graphs=["bogus"]),
         "check_ops dtype int64": lambda: check_ops(
             "general", graphs=["random"], dtypes=(torch.int64,), checks=("oracle",)
-        ),  # fmt: skip
+        ),
         "check_ops batch -1": lambda: check_ops("general", graphs=["random"], batch=-1),
         "check_ops all_padding bogus": lambda: check_ops(
             "general", graphs=["random"], all_padding="nope", checks=("oracle",)
-        ),  # fmt: skip
+        ),
         "check_ops dtypes a dtype": lambda: check_ops(
             "general", graphs=["random"], dtypes=torch.float64, checks=("oracle",)
-        ),  # fmt: skip
+        ),
         "check_ops checks a str": lambda: check_ops(
             "general", graphs=["random"], checks="oracle", dtypes=(torch.float64,)
-        ),  # fmt: skip
+        ),
         "check_ops batch 2.5": lambda: check_ops(
             "general", graphs=["random"], batch=2.5, checks=("oracle",), dtypes=(torch.float64,)
-        ),  # fmt: skip
+        ),
     }
     for name, fn in bad_harness.items():
         attempt(cat, f"harness: {name}", fn, valid=False)
     one = dict(checks=("oracle",), dtypes=(torch.float64,))
-    report = attempt(cat, "harness: check_ops graphs='random' (one name)",
-                     lambda: check_ops("general", graphs="random", **one), valid=True)  # fmt: skip
+    report = attempt(
+        cat,
+        "harness: check_ops graphs='random' (one name)",
+        lambda: check_ops("general", graphs="random", **one),
+        valid=True,
+    )
     if hasattr(report, "rows") and not (report.ok and report.rows):
         finding(cat, "harness: check_ops graphs='random'", "no rows or not ok", True)
 
@@ -602,12 +672,16 @@ def verify_api(seed: int) -> None:
 
     cat = "verify"
     rng = random.Random(seed)
-    for shape in (dict(k=1, v=1, n_in=1, n_out=1, c_in=1), dict(k=3, v=2, pad=1.0),
-                  dict(k=4, v=1, dup=True)):  # fmt: skip
+    for shape in (
+        dict(k=1, v=1, n_in=1, n_out=1, c_in=1),
+        dict(k=3, v=2, pad=1.0),
+        dict(k=4, v=1, dup=True),
+    ):
         meta = make_meta(rng, **shape)
         case = f"verify_meta {shape}"
-        checks = attempt(cat, case, lambda meta=meta: verify_meta("odd", meta, 2, batch=2),
-                         valid=True)  # fmt: skip
+        checks = attempt(
+            cat, case, lambda meta=meta: verify_meta("odd", meta, 2, batch=2), valid=True
+        )
         if isinstance(checks, list):
             bad = [str(c.verdict) for c in checks if not c.verdict.ok]
             if bad:
@@ -616,14 +690,24 @@ def verify_api(seed: int) -> None:
                 finding(cat, case, "no checks", True)
     cat = "CLI"
     one = ["--layers", "res18_ds2", "--out", "/tmp/fovi_ref_adversarial"]
-    argv_bad = [["verify", "--layers"], ["verify", "--layers", "nope"], ["verify", "--batch", "0"],
-                ["verify", "--batch", "x"], ["verify", "--dtypes", "int8"], ["verify", "--dtypes"],
-                ["verify", *one, "--repeats", "3"], ["verify", *one, "--bogus"], ["nope"],
-                ["verify", *one, "--device", "cuda:7"], ["verify", *one, "--device", "meta"],
-                ["verify", *one, "--batch", "1e3"], ["verify", *one, "--batch", "-0"],
-                ["verify", "--layers", "res18_ds2", "--out", "/dev/null/x"],
-                ["verify", *one, "--fovi-model", "nosuchmodule:f"],
-                ["verify", *one, "--fovi-model", "os:getcwd"]]  # fmt: skip
+    argv_bad = [
+        ["verify", "--layers"],
+        ["verify", "--layers", "nope"],
+        ["verify", "--batch", "0"],
+        ["verify", "--batch", "x"],
+        ["verify", "--dtypes", "int8"],
+        ["verify", "--dtypes"],
+        ["verify", *one, "--repeats", "3"],
+        ["verify", *one, "--bogus"],
+        ["nope"],
+        ["verify", *one, "--device", "cuda:7"],
+        ["verify", *one, "--device", "meta"],
+        ["verify", *one, "--batch", "1e3"],
+        ["verify", *one, "--batch", "-0"],
+        ["verify", "--layers", "res18_ds2", "--out", "/dev/null/x"],
+        ["verify", *one, "--fovi-model", "nosuchmodule:f"],
+        ["verify", *one, "--fovi-model", "os:getcwd"],
+    ]
     for argv in argv_bad:
         TRIED[cat] += 1
         err, out = io.StringIO(), io.StringIO()
@@ -652,8 +736,14 @@ class _redirect:
         sys.stdout, sys.stderr = self.saved
 
 
-CATEGORIES = {"invalid": invalid, "edge": edge_shapes, "magnitudes": magnitudes, "modes": modes,
-              "compile": compiled, "verify": verify_api}  # fmt: skip
+CATEGORIES = {
+    "invalid": invalid,
+    "edge": edge_shapes,
+    "magnitudes": magnitudes,
+    "modes": modes,
+    "compile": compiled,
+    "verify": verify_api,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -661,8 +751,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graphs", type=int, default=2000, help="random graphs to try")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--start", type=int, default=0, help="first random graph (to rerun one)")
-    parser.add_argument("--only", nargs="*", default=None,
-                        help=f"categories: random {' '.join(CATEGORIES)}")  # fmt: skip
+    parser.add_argument(
+        "--only", nargs="*", default=None, help=f"categories: random {' '.join(CATEGORIES)}"
+    )
     args = parser.parse_args(argv)
     only = set(args.only) if args.only else {"random", *CATEGORIES}
     for name, fn in CATEGORIES.items():

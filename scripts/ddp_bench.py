@@ -46,19 +46,29 @@ def spread(values: list[float]) -> float:
 
 def worker(rank: int, port: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2, timeout=datetime.timedelta(seconds=300))  # fmt: skip
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=300),
+    )
     torch.manual_seed(0)
     base = ResNet18Trunk()
     models = {name: ResNet18Trunk() for name in VARIANTS}
     for model in models.values():
         model.load_state_dict(base.state_dict())
-    ddps = {"default": nn.parallel.DistributedDataParallel(models["default"]),
-            "graphs excluded": nn.parallel.DistributedDataParallel(
-                exclude_graphs(models["graphs excluded"]))}  # fmt: skip
+    ddps = {
+        "default": nn.parallel.DistributedDataParallel(models["default"]),
+        "graphs excluded": nn.parallel.DistributedDataParallel(
+            exclude_graphs(models["graphs excluded"])
+        ),
+    }
     opts = {name: torch.optim.SGD(ddp.parameters(), lr=0.01) for name, ddp in ddps.items()}
-    sent = {name: sum(b.numel() * b.element_size() for b in ddp.modules_buffers) / 1e6
-            for name, ddp in ddps.items()}  # fmt: skip
+    sent = {
+        name: sum(b.numel() * b.element_size() for b in ddp.modules_buffers) / 1e6
+        for name, ddp in ddps.items()
+    }
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, 3, base.conv1.meta.n_in, generator=g)
     payload = torch.zeros(int(sent["default"] * 1e6) // 8, dtype=torch.int64)  # the same bytes
@@ -83,19 +93,27 @@ def worker(rank: int, port: int, args: argparse.Namespace) -> None:
             times["broadcast"].append(float(elapsed) * 1e3)
     if rank == 0:
         params = sum(p.numel() * p.element_size() for p in base.parameters()) / 1e6
-        print(f"fovi-resnet18 trunk, 2 gloo processes x {args.threads} thread(s), batch "
-              f"{args.batch} per rank, {args.rounds} interleaved rounds; parameters {params:.1f} "
-              "MB")  # fmt: skip
+        print(
+            f"fovi-resnet18 trunk, 2 gloo processes x {args.threads} thread(s), batch "
+            f"{args.batch} per rank, {args.rounds} interleaved rounds; parameters {params:.1f} "
+            "MB"
+        )
         for name in VARIANTS:
             ms = times[name]
-            print(f"  {name:16} step {statistics.median(ms):7.1f} +- {spread(ms):5.1f} ms   "
-                  f"buffers broadcast per step {sent[name]:6.2f} MB")  # fmt: skip
+            print(
+                f"  {name:16} step {statistics.median(ms):7.1f} +- {spread(ms):5.1f} ms   "
+                f"buffers broadcast per step {sent[name]:6.2f} MB"
+            )
         ratios = [a / b for a, b in zip(*(times[n] for n in VARIANTS), strict=True)]
-        print(f"  default / graphs excluded, per round: {statistics.median(ratios):.3f} +- "
-              f"{spread(ratios):.3f}")  # fmt: skip
+        print(
+            f"  default / graphs excluded, per round: {statistics.median(ratios):.3f} +- "
+            f"{spread(ratios):.3f}"
+        )
         ms = times["broadcast"]
-        print(f"  one broadcast of {sent['default']:.2f} MB alone: {statistics.median(ms):.1f} +- "
-              f"{spread(ms):.1f} ms")  # fmt: skip
+        print(
+            f"  one broadcast of {sent['default']:.2f} MB alone: {statistics.median(ms):.1f} +- "
+            f"{spread(ms):.1f} ms"
+        )
     dist.barrier()  # tear down together (as in tests/test_ddp.py: a lone teardown can abort)
     dist.destroy_process_group()
 

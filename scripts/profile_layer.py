@@ -42,8 +42,10 @@ def profile_table(name: str, batch: int, calls: int) -> None:
         print(f"  {label}: {total:.0f} us, GEMMs {gemm / total:.0%}, {len(ops)} operator kinds")
         for e in sorted(ops, key=lambda e: -e.self_cpu_time_total)[:TOP]:
             per_call = e.self_cpu_time_total / calls
-            print(f"    {e.key.removeprefix('aten::'):34s}{e.count // calls:>5} calls"
-                  f"{per_call:>10.1f} us{per_call / total:>6.0%}")  # fmt: skip
+            print(
+                f"    {e.key.removeprefix('aten::'):34s}{e.count // calls:>5} calls"
+                f"{per_call:>10.1f} us{per_call / total:>6.0%}"
+            )
 
 
 def main() -> None:

@@ -18,8 +18,9 @@ from fovi_ref.check.tolerances import expected_quantities, judge_elementwise
 
 def _two_neighbours_in_one_cell(dtype, fraction):
     """Inputs of ``fraction * max`` at two neighbours in one cell, weight 0.01."""
-    meta = KNNMeta.from_knn(torch.tensor([[0], [1]]), torch.zeros(1, 2, dtype=torch.int64),
-                            n_in=2, in_channels=1, v=1)  # fmt: skip
+    meta = KNNMeta.from_knn(
+        torch.tensor([[0], [1]]), torch.zeros(1, 2, dtype=torch.int64), n_in=2, in_channels=1, v=1
+    )
     big = fraction * torch.finfo(dtype).max
     x = torch.tensor([[[big, big]]], dtype=torch.float64).to(dtype)
     return meta, x, torch.tensor([[0.01]], dtype=dtype)

@@ -212,8 +212,9 @@ def test_float16_sums_that_overflow_float16_but_not_the_result_stay_finite():
     """Two neighbours of 40000 in one cell, weight 0.01: the exact y is 800 (F.linear gives it).
     ``general`` accumulates as a float16 GEMM does (float32, one rounding at the end);
     ``einsum_baseline`` stores the cell sum in float16, as fovi 2.4.0's einsum does: inf."""
-    meta = KNNMeta.from_knn(torch.tensor([[0], [1]]), torch.tensor([[0, 0]]), n_in=2,
-                            in_channels=1, v=1)  # fmt: skip
+    meta = KNNMeta.from_knn(
+        torch.tensor([[0], [1]]), torch.tensor([[0, 0]]), n_in=2, in_channels=1, v=1
+    )
     x = torch.full((1, 1, 2), 40000.0, dtype=torch.float16)
     w = torch.full((1, 1), 0.01, dtype=torch.float16)
     exact = float(F.linear(x[0].double(), w.double().expand(1, 2)))

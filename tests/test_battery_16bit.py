@@ -28,7 +28,6 @@ import pytest
 import torch
 
 from fovi_ref import KNNMeta, get_ops
-from fovi_ref.check.bench.gemm_dtypes import forced
 from fovi_ref.check.check_ops import (
     CHECKS,
     F16_PAST_MAX_NOTE,
@@ -41,6 +40,7 @@ from fovi_ref.check.check_ops import (
 )
 from fovi_ref.check.graphs import SPANNING
 from fovi_ref.check.operands import forward_and_grads
+from fovi_ref.check.switches import forced
 from fovi_ref.check.tolerances import expected_quantities, judge_elementwise
 from fovi_ref.knn_gather_gemm import GatherGemmOps
 from fovi_ref.knn_general import (
@@ -216,9 +216,13 @@ def test_an_unguarded_grad_z_fails_however_many_readers_share_the_input(readers,
     (no hub needed), 2560 for 40 and 32768 for 512 with weights 2. A nan there fails, however
     large the allowance for stored intermediates has grown: in all three ``grad_x`` plus
     ``gamma_F(u) M`` (about 80,000, 64,000 and 14 million) reaches float16's overflow."""
-    meta = KNNMeta.from_knn(torch.zeros(1, readers, dtype=torch.long),
-                            torch.zeros(readers, 1, dtype=torch.long), n_in=1, in_channels=1,
-                            v=1)  # fmt: skip
+    meta = KNNMeta.from_knn(
+        torch.zeros(1, readers, dtype=torch.long),
+        torch.zeros(readers, 1, dtype=torch.long),
+        n_in=1,
+        in_channels=1,
+        v=1,
+    )
     x = torch.ones(1, 1, 1, dtype=F16)  # [B, Cin, Nin]
     w = torch.full((1, 1), weight, dtype=F16)  # [Cout, Cin*V]
     gy = torch.tensor(pair, dtype=F16).repeat(readers // 2).view(1, 1, readers)  # [B, Cout, Nout]
@@ -303,7 +307,7 @@ def test_an_infinity_of_the_wrong_sign_fails_the_nonfinite_check():
 
 
 def test_gather_gemms_dense_scatter_keeps_a_float16_grad_z_past_65504_too():
-    from fovi_ref.check.bench.budget import forced_grad_input_path
+    from fovi_ref.check.switches import forced_grad_input_path
 
     kwargs = dict(graphs=["downsample", "downsample_hub_150"], dtypes=[F16], checks=["rounding"])
     with forced("narrow"), forced_grad_input_path("dense"):

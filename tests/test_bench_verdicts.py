@@ -162,10 +162,18 @@ def test_bfloat16_rows_have_their_targets_and_float16_rows_none():
 
 def _rows(dtype: str, general_ms: float, einsum_ms: float) -> tuple[list[dict], list[dict]]:
     """A K = 1 row at batches 64 and 256, and one K > 1 row timed once for two layers."""
-    ds = [{"dtype": dtype, "batch": b, "ms": {"gather_gemm": 1.0, "einsum (fovi)": 2.0}}
-          for b in (64, 256)]  # fmt: skip
-    gen = [{"dtype": dtype, "batch": 64, "layer": "layer1.0.conv1, layer1.0.conv2",
-            "ms": {"general": general_ms, "einsum (fovi)": einsum_ms}}]  # fmt: skip
+    ds = [
+        {"dtype": dtype, "batch": b, "ms": {"gather_gemm": 1.0, "einsum (fovi)": 2.0}}
+        for b in (64, 256)
+    ]
+    gen = [
+        {
+            "dtype": dtype,
+            "batch": 64,
+            "layer": "layer1.0.conv1, layer1.0.conv2",
+            "ms": {"general": general_ms, "einsum (fovi)": einsum_ms},
+        }
+    ]
     return ds, gen
 
 

@@ -23,7 +23,7 @@ from fovi_ref import (
     route,
     unregister_ops,
 )
-from fovi_ref.check.bench.budget import forced_grad_input_path
+from fovi_ref.check.switches import forced_grad_input_path
 from fovi_ref.check.tolerances import expected_quantities, judge_elementwise
 from fovi_ref.knn_autograd import _grad_input_op, _grad_weight_op, _knn_conv_op
 from fovi_ref.knn_general import GeneralTextbookOps

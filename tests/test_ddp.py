@@ -25,8 +25,9 @@ def small_model(graph_seed: int = 0) -> nn.Module:
     torch.manual_seed(0)  # the same weights on every rank, as DDP's construction would make them
     first = random_meta(5, 3, n_in=30, n_out=20, in_channels=3, seed=graph_seed)
     second = random_meta(1, 1, n_in=20, n_out=12, in_channels=8, seed=1)
-    return nn.Sequential(fovi_ref.KNNConv(3, 8, first), nn.BatchNorm1d(8), nn.ReLU(),
-                         fovi_ref.KNNConv(8, 4, second))  # fmt: skip
+    return nn.Sequential(
+        fovi_ref.KNNConv(3, 8, first), nn.BatchNorm1d(8), nn.ReLU(), fovi_ref.KNNConv(8, 4, second)
+    )
 
 
 def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,8 +42,13 @@ def loss_of(model: nn.Module, step: int, rank: int) -> torch.Tensor:
 
 def worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD, timeout=datetime.timedelta(seconds=60))  # fmt: skip
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=60),
+    )
     model = small_model(graph_seed=rank)  # the first layer's graph differs between the ranks
     adopted = sync_graphs(model)
     ddp = nn.parallel.DistributedDataParallel(exclude_graphs(model))
@@ -72,8 +78,9 @@ def free_port() -> int:
 
 
 def run_two_ranks(out: str, timeout: float = 240) -> None:
-    context = mp.start_processes(worker, args=(free_port(), out), nprocs=WORLD, join=False,
-                                 start_method="spawn")  # fmt: skip
+    context = mp.start_processes(
+        worker, args=(free_port(), out), nprocs=WORLD, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + timeout
     while not context.join(timeout=1):
         if time.monotonic() > deadline:

@@ -106,8 +106,11 @@ def broken_pair(result):
     )
 
 
-@pytest.mark.parametrize("result", [lambda y: (y, None), lambda y: y, lambda y: (y,)],
-                         ids=["y_None", "y_alone", "one_tuple"])  # fmt: skip
+@pytest.mark.parametrize(
+    "result",
+    [lambda y: (y, None), lambda y: y, lambda y: (y,)],
+    ids=["y_None", "y_alone", "one_tuple"],
+)
 def test_a_backend_breaking_the_operand_pair_is_named_in_eager_mode(result):
     meta, x, w, b = operands("general")
     with pytest.raises(TypeError, match="'broken_pair': forward_with_operand must return"):

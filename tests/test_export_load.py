@@ -38,9 +38,12 @@ def test_exported_program_loads_in_a_fresh_process(tmp_path, with_import):
     torch.export.save(torch.export.export(model, (x,)), tmp_path / "knn.pt2")
     torch.save((x, model(x).detach()), tmp_path / "xy.pt")
     script = LOAD.format(imports="import fovi_ref" if with_import else "")
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "knn.pt2"),
-                           str(tmp_path / "xy.pt")], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "knn.pt2"), str(tmp_path / "xy.pt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if with_import:
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "loaded and equal"

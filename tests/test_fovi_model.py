@@ -55,8 +55,9 @@ def test_every_knn_conv_layer_of_my_model_is_checked():
 def test_layers_narrow_the_check_and_unknown_names_are_refused():
     model = TwoLayers()
     assert {c.layer for c in verify_fovi_model(model, layers=["second"], batch=1)} == {"second"}
-    with pytest.raises(ValueError, match="not a KNNConvLayer of this model: third; its layers: "
-                       "first, second"):  # fmt: skip
+    with pytest.raises(
+        ValueError, match="not a KNNConvLayer of this model: third; its layers: first, second"
+    ):
         verify_fovi_model(model, layers=["third"])
     with pytest.raises(ValueError, match="Sequential has no fovi KNNConvLayer"):
         verify_fovi_model(torch.nn.Sequential(torch.nn.ReLU()))
@@ -92,12 +93,24 @@ def test_cli_checks_my_model_from_module_factory(tmp_path):
             return load_knnresnet().KNNResNet(in_res=32, fov=20, layers=[1, 1, 1, 1], device="cpu")
     """)
     )
-    command = [sys.executable, "-m", "fovi_ref", "verify", "--fovi-model", "mymodels:small_net",
-               "--layers", "layer2.0.downsample.0", "--batch", "1", "--out",
-               str(tmp_path / "out")]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "fovi_ref",
+        "verify",
+        "--fovi-model",
+        "mymodels:small_net",
+        "--layers",
+        "layer2.0.downsample.0",
+        "--batch",
+        "1",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300
+    )
     # FAILs (fovi's float64 gradients), each a known finding: exit 0 (--strict would give 1)
     assert done.returncode == 0, done.stderr
     assert "exit 0: each of the" in done.stdout and "known finding about fovi" in done.stdout
@@ -194,8 +207,19 @@ def test_exit_status_counts_only_failures_no_reproducer_explains():
 def test_no_machine_finding_skips_the_cpu_graph_comparison(tmp_path, capsys):
     """``--no-machine-finding`` (what scripts/gpu_check.sh runs on a GPU) judges fovi's layers as
     before, records that the CPU graph comparison was not made, and only ``--fovi`` takes it."""
-    argv = ["--out", str(tmp_path), "verify", "--fovi", "--no-machine-finding",
-            "--layers", "res18_ds4", "--dtypes", "float32", "--batch", "1"]  # fmt: skip
+    argv = [
+        "--out",
+        str(tmp_path),
+        "verify",
+        "--fovi",
+        "--no-machine-finding",
+        "--layers",
+        "res18_ds4",
+        "--dtypes",
+        "float32",
+        "--batch",
+        "1",
+    ]
     assert cli_main(argv) == 0
     assert "not compared (asked not to)" in capsys.readouterr().out
     record = json.loads((tmp_path / "verify_fovi.json").read_text())

@@ -9,8 +9,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from fovi_ref import KNNMeta, knn_conv, prepare
 from fovi_ref import knn_gather_gemm as gg
-from fovi_ref.check.bench.budget import forced_grad_input_path
-from fovi_ref.check.bench.gemm_dtypes import forced
+from fovi_ref.check.switches import forced, forced_grad_input_path
 from fovi_ref.knn_gather_gemm import GatherGemmOps, derive
 from fovi_ref.precision import platform
 

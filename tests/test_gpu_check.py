@@ -12,26 +12,46 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "run_notebook.py"
 
 
 def notebook(*cells: str) -> dict:
-    code = [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-             "source": source} for source in cells]  # fmt: skip
-    return {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "# a title"}, *code],
-            "metadata": {}, "nbformat": 4, "nbformat_minor": 5}  # fmt: skip
+    code = [
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "metadata": {},
+            "outputs": [],
+            "source": source,
+        }
+        for source in cells
+    ]
+    return {
+        "cells": [{"cell_type": "markdown", "metadata": {}, "source": "# a title"}, *code],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
 
 
 def run(tmp_path: Path, nb: dict) -> tuple[subprocess.CompletedProcess, dict]:
     (tmp_path / "in.ipynb").write_text(json.dumps(nb))
-    done = subprocess.run([sys.executable, str(SCRIPT), "in.ipynb", "out.ipynb"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "in.ipynb", "out.ipynb"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return done, json.loads((tmp_path / "out.ipynb").read_text())
 
 
 def test_outputs_are_stored_per_cell_in_the_notebooks_folder(tmp_path):
-    done, out = run(tmp_path, notebook(
-        "%matplotlib inline\nfrom pathlib import Path\nx = 6 * 7\nprint('x', x)",
-        "from IPython.display import display\n"
-        "display({'application/json': {'kind': 'a record', 'x': x}}, raw=True)\n"
-        "_ = Path('written.txt').write_text('here')",
-    ))  # fmt: skip
+    done, out = run(
+        tmp_path,
+        notebook(
+            "%matplotlib inline\nfrom pathlib import Path\nx = 6 * 7\nprint('x', x)",
+            "from IPython.display import display\n"
+            "display({'application/json': {'kind': 'a record', 'x': x}}, raw=True)\n"
+            "_ = Path('written.txt').write_text('here')",
+        ),
+    )
     assert done.returncode == 0, done.stderr
     first, second = (c for c in out["cells"] if c["cell_type"] == "code")
     assert first["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "x 42\n"}]

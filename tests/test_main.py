@@ -12,9 +12,9 @@ from conftest import random_meta
 from fovi_ref import KNNMeta
 from fovi_ref.check import bench
 from fovi_ref.check.bench import contenders, layers, timing
-from fovi_ref.check.bench.budget import forced_grad_input_path
 from fovi_ref.check.bench.layers import empty_cell_share
 from fovi_ref.check.cli import main
+from fovi_ref.check.switches import forced_grad_input_path
 from fovi_ref.geometry import get_layer
 from fovi_ref.strategies import GeneralOps
 
@@ -132,16 +132,19 @@ def test_batch_scaling_prints_a_row_per_graph_and_batch(capsys):
     assert all(len(line) <= 100 for line in lines)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["verify", "--batch", "0"], "--batch: must be at least 1, got 0"),
-    (["verify", "--batch", "-1"], "--batch: must be at least 1, got -1"),
-    (["bench", "--batch", "0"], "--batch: must be at least 1, got 0"),
-    (["bench", "--batch-general", "0"], "--batch-general: must be at least 1"),
-    (["bench", "--repeats", "0"], "--repeats: must be at least 1, got 0"),
-    (["--device", "nonsense", "verify"], "not a torch device: 'nonsense'"),
-    (["verify", "--device", "meta"], "choose cpu or cuda"),
-    (["verify", "--layers", "bogus"], "--layers: unknown layer 'bogus'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["verify", "--batch", "0"], "--batch: must be at least 1, got 0"),
+        (["verify", "--batch", "-1"], "--batch: must be at least 1, got -1"),
+        (["bench", "--batch", "0"], "--batch: must be at least 1, got 0"),
+        (["bench", "--batch-general", "0"], "--batch-general: must be at least 1"),
+        (["bench", "--repeats", "0"], "--repeats: must be at least 1, got 0"),
+        (["--device", "nonsense", "verify"], "not a torch device: 'nonsense'"),
+        (["verify", "--device", "meta"], "choose cpu or cuda"),
+        (["verify", "--layers", "bogus"], "--layers: unknown layer 'bogus'"),
+    ],
+)
 def test_sizes_below_one_and_bad_options_are_argparse_errors(args, message, capsys):
     """Refused before anything runs (a batch of 0 printed "9 passed" and exited 0)."""
     with pytest.raises(SystemExit) as exit_:
@@ -171,13 +174,19 @@ def test_an_interrupted_bench_keeps_the_old_set_whole(tmp_path):
     def interrupted(path):
         raise KeyboardInterrupt
 
-    writers = {"bench.png": interrupted, "bench.csv": lambda p: p.write_text("new"),
-               "bench.json": lambda p: p.write_text("new")}  # fmt: skip
+    writers = {
+        "bench.png": interrupted,
+        "bench.csv": lambda p: p.write_text("new"),
+        "bench.json": lambda p: p.write_text("new"),
+    }
     for order in (writers, dict(reversed(writers.items()))):
         with pytest.raises(KeyboardInterrupt):
             write_set(tmp_path, order)
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.csv", "bench.json",
-                                                              "bench.png"]  # fmt: skip
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            "bench.csv",
+            "bench.json",
+            "bench.png",
+        ]
         assert all(p.read_text() == f"old {p.name}" for p in tmp_path.iterdir())
     write_set(tmp_path, {n: (lambda p: p.write_text("new")) for n in writers})
     assert all(p.read_text() == "new" for p in tmp_path.iterdir())
@@ -202,15 +211,19 @@ def test_the_floor_per_cell_runs_exactly_the_occupied_products():
     inputs = contenders.make_inputs(meta, out_channels=5, batch=4, dtype=torch.float32)
     products = contenders._per_cell_products(inputs)
     shapes = {name: [tuple(t.shape) for t in run()] for name, run in products.items()}
-    assert shapes == {"forward": [(4, 5)] * 2, "input gradient": [(4, 2)] * 2,
-                      "weight gradient": [(5, 2)] * 2}  # fmt: skip
+    assert shapes == {
+        "forward": [(4, 5)] * 2,
+        "input gradient": [(4, 2)] * 2,
+        "weight gradient": [(5, 2)] * 2,
+    }
     assert len(contenders.gemm_floor(inputs, trials=1, cells=True)()) == 4  # 3 products, grad_x
 
 
 def test_the_bench_guide_states_the_empty_cell_shares_the_bench_computes():
     guide = " ".join(bench.__doc__.split())  # help(fovi_ref.check.bench), line breaks aside
-    layer1, layer4 = (empty_cell_share(get_layer(name).meta) for name in
-                      ("layer1.0.conv1", "layer4.0.conv2"))  # fmt: skip
+    layer1, layer4 = (
+        empty_cell_share(get_layer(name).meta) for name in ("layer1.0.conv1", "layer4.0.conv2")
+    )
     assert f"({layer1:.0%} on layer1, {layer4:.0%} on layer4.0.conv2)" in guide
 
 

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from fovi_ref.check.bench import budget
-from fovi_ref.knn_gather_gemm import DENSE_S_BUDGET, DENSE_S_BUDGET_SOURCE
+from fovi_ref.check.bench.budget import DENSE_S_BUDGET_SOURCE
+from fovi_ref.knn_gather_gemm import DENSE_S_BUDGET
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 BUDGET_NOTEBOOK = NOTEBOOKS / "04_scatter_matrix_budget.ipynb"

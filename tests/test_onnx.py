@@ -101,6 +101,8 @@ def test_resnet18_trunk_runs_in_onnxruntime_within_the_rule():
         y_eager, y64 = trunk(x), trunk.double()(x.double())
     err_onnx = (y_onnx.double() - y64).abs().max().item()
     err_eager = (y_eager.double() - y64).abs().max().item()
-    print(f"worst err/bound over {len(ratios)} convs {max(ratios):.3f}; trunk |err| onnx "
-          f"{err_onnx:.1e}, eager float32 {err_eager:.1e}")  # fmt: skip
+    print(
+        f"worst err/bound over {len(ratios)} convs {max(ratios):.3f}; trunk |err| onnx "
+        f"{err_onnx:.1e}, eager float32 {err_eager:.1e}"
+    )
     assert err_onnx <= 2 * err_eager

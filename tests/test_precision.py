@@ -11,14 +11,14 @@ from torch.overrides import TorchFunctionMode
 
 from fovi_ref import KNNConv, KNNMeta, dtype_name, get_ops, knn_conv
 from fovi_ref.check.bench import gemm_dtypes
+from fovi_ref.check.bench.gemm_dtypes import GEMM_DTYPE_SOURCES, MEASURED
 from fovi_ref.check.check_ops import check_ops
 from fovi_ref.check.jobs import layer_names
+from fovi_ref.check.switches import forced, forced_grad_input_path
 from fovi_ref.geometry import get_layer
 from fovi_ref.layout import linear_rows, padded_rows
 from fovi_ref.precision import (
-    GEMM_DTYPE_SOURCES,
     GEMM_DTYPES,
-    MEASURED,
     SIXTEEN_BIT,
     gemm_dtype,
     platform,
@@ -64,21 +64,21 @@ def test_the_recorded_platform_holds_the_recorded_choice():
 
 def test_forced_sets_and_restores_the_table():
     saved = dict(GEMM_DTYPES)
-    with gemm_dtypes.forced("narrow"):
+    with forced("narrow"):
         assert all(gemm_dtype("cpu", d) == d for d in SIXTEEN_BIT)
-    with gemm_dtypes.forced("wide"):
+    with forced("wide"):
         assert all(gemm_dtype("cpu", d) == torch.float32 for d in SIXTEEN_BIT)
     assert saved == GEMM_DTYPES
-    with pytest.raises(ValueError, match="narrow"), gemm_dtypes.forced("half"):
+    with pytest.raises(ValueError, match="narrow"), forced("half"):
         pass
 
 
 @pytest.mark.parametrize("dtype", SIXTEEN_BIT, ids=dtype_name)
 def test_store_operand_stores_once_and_keeps_float16_overflow_wide(dtype):
     z = torch.tensor([[1.0 + 2**-12, -3.0]])  # float32 cell sums
-    with gemm_dtypes.forced("wide"):
+    with forced("wide"):
         assert store_operand(z, dtype) is z
-    with gemm_dtypes.forced("narrow"):
+    with forced("narrow"):
         assert torch.equal(store_operand(z, dtype), z.to(dtype))
         big = torch.tensor([[70000.0, 1.0]])
         assert store_operand(big, dtype).dtype == (torch.float32 if dtype == F16 else BF16)
@@ -92,9 +92,9 @@ def test_stored_product_stores_a_16_bit_product_once_where_it_fits(dtype):
     a = torch.tensor([[1.0, 2.0], [3.0, -4.0]]).to(dtype)  # [2, 2]
     b = torch.tensor([[20000.0, 1.0 + 2**-7], [20000.0, 1.0]]).to(dtype)  # [2, 2]
     exact = a.float() @ b.float()  # [[60000, ...], [-20000, ...]]: fits float16
-    with gemm_dtypes.forced("wide"):
+    with forced("wide"):
         assert torch.equal(stored_product(a, b, dtype), exact)
-    with gemm_dtypes.forced("narrow"):
+    with forced("narrow"):
         assert torch.equal(stored_product(a, b, dtype), exact.to(dtype))
         big = 2 * a  # [[120000, ...], ...] is past 65504
         past = stored_product(big, b, dtype)
@@ -117,7 +117,7 @@ BACKENDS = ["general", "gather_gemm"] + [f"general[{s}]" for s in STRATEGIES]
 def test_both_paths_pass_the_battery_in_16_bits(backend, gemms):
     """Whatever this machine's table says, each path is judged here: the oracle through the
     eager door and the ``rounding`` check (cells whose partial sums dwarf their sum)."""
-    with gemm_dtypes.forced(gemms):
+    with forced(gemms):
         report = check_ops(_ops(backend), dtypes=SIXTEEN_BIT, checks=("oracle", "rounding"))
     assert report.ok, report
 
@@ -152,7 +152,7 @@ def test_a_bfloat16_autocast_training_step_runs_the_chosen_gemms(backend, gemms)
     meta = _graph(1, 1) if backend == "gather_gemm" else _graph(4, 4)
     conv = KNNConv(3, 5, meta, backend=backend)
     x = torch.randn(4, 3, 30, requires_grad=True)
-    with gemm_dtypes.forced(gemms), GemmDtypes() as mode:
+    with forced(gemms), GemmDtypes() as mode:
         with torch.autocast("cpu", dtype=BF16):
             y = conv(x)
         F.mse_loss(y.float(), torch.zeros(y.shape)).backward()
@@ -175,7 +175,7 @@ def test_float16_cells_past_65504_still_give_a_finite_y(backend, gemms):
     meta = _two_neighbours_in_one_cell()
     x = torch.full((1, 1, 2), 40000.0, dtype=F16)
     w = torch.full((1, 1), 2.0**-10, dtype=F16)
-    with gemm_dtypes.forced(gemms):
+    with forced(gemms):
         y = knn_conv(x, w, None, meta, backend=backend)
     assert y.dtype == F16 and float(y) == 78.125
     assert torch.isinf(get_ops("einsum_baseline").forward(meta, x, w, None)).all()
@@ -197,7 +197,7 @@ def test_bfloat16_takes_float32s_strategy_where_it_runs_wide_and_never_occupied_
     metas = {get_layer(name).meta for name in layer_names(None)}
     chosen = set()
     for gemms in ("wide", "narrow"):
-        with gemm_dtypes.forced(gemms):
+        with forced(gemms):
             for meta in metas:
                 for batch in (1, 4, 16, 64, 256):
                     ours = strategy_for(meta, batch, "cpu", BF16).strategy
@@ -261,9 +261,10 @@ def test_an_inf_in_x_reaches_no_other_node_on_the_narrow_bfloat16_path(backend):
     (``Cin*V`` of ``cin_63`` and ``v_33``). Unpadded, a CPU whose bfloat16 GEMM over-reads
     (AVX512-BF16) gave nan there, at ``y`` of the node before (rows 4 and 5 below); elsewhere
     this holds trivially."""
-    with gemm_dtypes.forced("narrow"):
-        report = check_ops(_ops(backend), graphs=["cin_63", "v_33"], dtypes=[BF16],
-                           checks=["nonfinite"])  # fmt: skip
+    with forced("narrow"):
+        report = check_ops(
+            _ops(backend), graphs=["cin_63", "v_33"], dtypes=[BF16], checks=["nonfinite"]
+        )
     assert report.ok, report
     rows = torch.ones(36, 63, dtype=BF16)
     rows[5, 0] = float("inf")
@@ -275,9 +276,8 @@ def test_an_inf_weight_reaches_no_other_channel_through_the_dense_scatter_in_bfl
     """gather_gemm's dense ``S`` (CUDA's path, forced) multiplies rows of ``Nout`` values
     (``downsample_wide``: 65), one per (sample, channel): a non-finite weight's channel reaches no
     other channel's ``grad_x``. Unpadded, an over-reading CPU gave nan in the channel before."""
-    from fovi_ref.check.bench.budget import forced_grad_input_path
-
-    with gemm_dtypes.forced("narrow"), forced_grad_input_path("dense"):
-        report = check_ops("gather_gemm", graphs=["downsample_wide"], dtypes=[BF16],
-                           checks=["nonfinite"])  # fmt: skip
+    with forced("narrow"), forced_grad_input_path("dense"):
+        report = check_ops(
+            "gather_gemm", graphs=["downsample_wide"], dtypes=[BF16], checks=["nonfinite"]
+        )
     assert report.ok, report

@@ -14,8 +14,11 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_layer.py"
 def test_profile_layer_prints_every_contender_with_its_gemm_share():
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "layer4.0.conv2", "--batch", "1", "5", "--calls", "2"],
-        capture_output=True, text=True, check=True, timeout=300,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
     assert out.count("layer4.0.conv2, batch ") == 2  # one table per batch
     for contender in ("routed (general)", "fovi einsum", "GEMM floor"):
         shares = re.findall(rf"  {re.escape(contender)}: \d+ us, GEMMs (\d+)%", out)
@@ -25,7 +28,8 @@ def test_profile_layer_prints_every_contender_with_its_gemm_share():
 
 
 def test_profile_layer_names_an_unknown_layer():
-    run = subprocess.run([sys.executable, str(SCRIPT), "layer9.conv"], capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "layer9.conv"], capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 2 and "unknown layer 'layer9.conv'" in run.stderr
     assert "Traceback" not in run.stderr

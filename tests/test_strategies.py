@@ -11,8 +11,8 @@ from test_segment_sum import order_sensitive_rows
 
 from fovi_ref import KNNMeta, knn_conv
 from fovi_ref.check.bench import strategies as bench_strategies
-from fovi_ref.check.bench.gemm_dtypes import forced
 from fovi_ref.check.operands import forward_and_grads
+from fovi_ref.check.switches import forced
 from fovi_ref.check.tolerances import QUANTITIES, expected_quantities, judge_elementwise
 from fovi_ref.geometry import get_layer
 from fovi_ref.knn_general import bin_entries

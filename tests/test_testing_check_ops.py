@@ -37,8 +37,12 @@ def test_fovi_ref_backends_pass(reports, name):
 
 def test_gather_gemm_graphs_it_does_not_support_are_skipped(reports):
     skipped = [r for r in reports["gather_gemm"].rows if r.check == "supports"]
-    assert {r.graph for r in skipped} == {"random_k4_v2", "random_k3_v9", "crowded_k2_v4",
-                                         "layer4.1.conv1"}  # fmt: skip
+    assert {r.graph for r in skipped} == {
+        "random_k4_v2",
+        "random_k3_v9",
+        "crowded_k2_v4",
+        "layer4.1.conv1",
+    }
     assert all(r.ok and "skipped" in r.note for r in skipped)
 
 
@@ -64,8 +68,11 @@ def test_einsum_baseline_differs_only_where_fovis_path_makes_inf_or_nan():
         GRAD_Z_PAST_MAX_NOTE
     }
     assert all("non-finite mismatches" in r.note for r in failures)
-    past_max = {"y": F16_PAST_MAX_NOTE, "grad_weight": F16_PAST_MAX_NOTE,
-                "grad_x": GRAD_Z_PAST_MAX_NOTE}  # fmt: skip
+    past_max = {
+        "y": F16_PAST_MAX_NOTE,
+        "grad_weight": F16_PAST_MAX_NOTE,
+        "grad_x": GRAD_Z_PAST_MAX_NOTE,
+    }
     assert all(r.note.endswith(past_max[r.quantity]) for r in failures if r.check == "rounding")
 
 
@@ -76,13 +83,22 @@ def test_an_unregistered_ops_object_is_judged_on_what_a_backend_computes():
         "y",
         "grad_x",
         "grad_weight",
-    }  # fmt: skip  (grad_bias is the op's sum, not the backend's)
+    }  # grad_bias is the op's sum, not the backend's
 
 
 def test_an_object_outside_the_protocol_is_refused_before_anything_runs():
     with pytest.raises(TypeError, match="grad_input must be callable"):
-        check_ops(type("NoGradInput", (), {"name": "half", "forward": ForeignOps.forward,
-                                            "grad_weight": ForeignOps.grad_weight}))  # fmt: skip
+        check_ops(
+            type(
+                "NoGradInput",
+                (),
+                {
+                    "name": "half",
+                    "forward": ForeignOps.forward,
+                    "grad_weight": ForeignOps.grad_weight,
+                },
+            )
+        )
 
 
 class Float32Gradients(ForeignOps):
@@ -96,8 +112,12 @@ class Float32Gradients(ForeignOps):
 
 
 def test_a_gradient_in_the_wrong_dtype_is_reported_as_what_it_is():
-    report = check_ops(Float32Gradients, graphs=["random"],
-                       dtypes=(torch.float64, torch.float32), checks=("oracle",))  # fmt: skip
+    report = check_ops(
+        Float32Gradients,
+        graphs=["random"],
+        dtypes=(torch.float64, torch.float32),
+        checks=("oracle",),
+    )
     f64 = [r for r in report.rows if r.dtype == "float64"]
     assert f64 and all(not r.ok and "torch.float32 from grad_weight" in r.note for r in f64)
     assert all(r.ok and not r.note for r in report.rows if r.dtype == "float32")
@@ -112,8 +132,9 @@ class Raises(ForeignOps):
 
 
 def test_an_exception_is_a_failed_row_not_a_crash():
-    report = check_ops(Raises, graphs=["random"], dtypes=(torch.float32,),
-                       checks=("oracle", "gradcheck"))  # fmt: skip
+    report = check_ops(
+        Raises, graphs=["random"], dtypes=(torch.float32,), checks=("oracle", "gradcheck")
+    )
     assert not report.ok
     assert all("RuntimeError: not implemented" in r.note for r in report.failures)
 
@@ -237,8 +258,9 @@ def test_report_reads_as_a_table_and_as_json(reports):
 def test_backends_round_the_bias_once(name):
     """The target of the core rewrite (bias added inside the GEMM): fails while the backends
     add the bias after the GEMM, in float16/bfloat16, where the bias cancels W x."""
-    report = check_ops(name, graphs=FAST, dtypes=LOW, bias_rounding="fused",
-                       checks=("oracle", "cancellation"))  # fmt: skip
+    report = check_ops(
+        name, graphs=FAST, dtypes=LOW, bias_rounding="fused", checks=("oracle", "cancellation")
+    )
     assert report.ok, report.table(report.failures)
 
 
@@ -274,12 +296,25 @@ class CallingConventionBug:
         return self.inner.grad_weight(meta, grad_y, x)
 
 
-@pytest.mark.parametrize("kind", ["noncontiguous_x", "bias_none", "past_batch_3",
-                                  "noncontiguous_grad_y", "noncontiguous_weight",
-                                  "noncontiguous_bias", "one_output_channel"])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "noncontiguous_x",
+        "bias_none",
+        "past_batch_3",
+        "noncontiguous_grad_y",
+        "noncontiguous_weight",
+        "noncontiguous_bias",
+        "one_output_channel",
+    ],
+)
 def test_the_battery_catches_bugs_of_layout_bias_none_and_batch(kind):
-    report = check_ops(CallingConventionBug(kind), graphs=["random"],
-                       dtypes=(torch.float32,), checks=("oracle", "variants"))  # fmt: skip
+    report = check_ops(
+        CallingConventionBug(kind),
+        graphs=["random"],
+        dtypes=(torch.float32,),
+        checks=("oracle", "variants"),
+    )
     assert not report.ok
     assert {r.check for r in report.failures} == {"variants"}
 
@@ -312,10 +347,15 @@ def test_one_graph_name_as_a_string_is_that_graph():
 
 @pytest.mark.parametrize(
     "bad",
-    [dict(batch=2.5), dict(batch=True), dict(dtypes=(torch.int64,)), dict(dtypes=torch.float64),
-     dict(checks="oracle")],
+    [
+        dict(batch=2.5),
+        dict(batch=True),
+        dict(dtypes=(torch.int64,)),
+        dict(dtypes=torch.float64),
+        dict(checks="oracle"),
+    ],
     ids=["batch 2.5", "batch True", "dtype int64", "dtypes a dtype", "checks a str"],
-)  # fmt: skip
+)
 def test_arguments_that_are_not_what_they_say_are_refused_by_name(bad):
     """batch=2.5 ran batch 2, an int64 dtype gave a table of exceptions, a bare dtype or check
     name failed deep inside: each is refused up front, naming the argument."""

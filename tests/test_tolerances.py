@@ -82,7 +82,7 @@ def test_torch_kernels_accumulate_in_float32(dtype):
         "index_add_": torch.zeros(1, 1, dtype=dtype).index_add_(1, zero_index, values[None]),
         "scatter_add_": torch.zeros(1, dtype=dtype).scatter_add_(0, zero_index, values),
         "linear": F.linear(values[None], ones[None, :, 0], torch.zeros(1, dtype=dtype)),
-    }  # fmt: skip
+    }
     for name, got in results.items():
         assert abs(float(got.double().sum()) - float(exact)) <= bound, name
     chain = torch.zeros((), dtype=dtype)
@@ -110,8 +110,9 @@ def test_term_counts_follow_the_formula(k, v):
     expect_y = meta.in_channels * per_node + 1
     torch.testing.assert_close(counts.y, expect_y.expand(batch, c_out, -1))
     torch.testing.assert_close(counts.grad_x, (c_out * fan_out).expand(batch, meta.in_channels, -1))
-    torch.testing.assert_close(counts.grad_weight, (batch * per_cell).repeat(meta.in_channels)
-                               .expand(c_out, -1))  # fmt: skip
+    torch.testing.assert_close(
+        counts.grad_weight, (batch * per_cell).repeat(meta.in_channels).expand(c_out, -1)
+    )
     torch.testing.assert_close(
         counts.grad_bias, torch.full((c_out,), batch * meta.n_out, dtype=torch.float64)
     )
@@ -193,8 +194,10 @@ def test_k1_v1_bias_cancellation(dtype):
     ``x w`` before the bias only where ``bias_rounding="separate"`` allows it; the earlier
     rule, without a baseline, cannot tell the two apart."""
     meta = one_to_one_meta()
-    x, w, b = (torch.tensor(v, dtype=dtype).reshape(s) for v, s in
-               ((CANCEL_X, (1, 1, 1)), (CANCEL_W, (1, 1)), (CANCEL_B, (1,))))  # fmt: skip
+    x, w, b = (
+        torch.tensor(v, dtype=dtype).reshape(s)
+        for v, s in ((CANCEL_X, (1, 1, 1)), (CANCEL_W, (1, 1)), (CANCEL_B, (1,)))
+    )
     gy = torch.ones(1, 1, 1, dtype=dtype)
     fused = expected_quantities(x, w, b, meta, gy, bias_rounding="fused")["y"]
     separate = expected_quantities(x, w, b, meta, gy, bias_rounding="separate")["y"]
@@ -214,8 +217,10 @@ def test_k1_v1_bias_cancellation(dtype):
 def test_backends_round_a_cancelling_bias_once(backend, dtype):
     """The target of the core rewrite: the bias is added inside the GEMM, one rounding."""
     meta = one_to_one_meta()
-    x, w, b = (torch.tensor(v, dtype=dtype).reshape(s) for v, s in
-               ((CANCEL_X, (1, 1, 1)), (CANCEL_W, (1, 1)), (CANCEL_B, (1,))))  # fmt: skip
+    x, w, b = (
+        torch.tensor(v, dtype=dtype).reshape(s)
+        for v, s in ((CANCEL_X, (1, 1, 1)), (CANCEL_W, (1, 1)), (CANCEL_B, (1,)))
+    )
     gy = torch.ones(1, 1, 1, dtype=dtype)
     expected = expected_quantities(x, w, b, meta, gy, bias_rounding="fused")["y"]
     verdict = judge_elementwise(get_ops(backend).forward(meta, x, w, b), expected)
@@ -224,8 +229,9 @@ def test_backends_round_a_cancelling_bias_once(backend, dtype):
 
 def gradient_cancelling_case(seed: int, dtype: torch.dtype):
     """Two outputs read one input; their upstream gradients nearly cancel on it."""
-    meta = KNNMeta.from_knn(torch.tensor([[0, 0]]), torch.zeros(2, 1, dtype=torch.int64),
-                            n_in=1, in_channels=1, v=1)  # fmt: skip
+    meta = KNNMeta.from_knn(
+        torch.tensor([[0, 0]]), torch.zeros(2, 1, dtype=torch.int64), n_in=1, in_channels=1, v=1
+    )
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(1, 1, 1, generator=g, dtype=torch.float64)
     w = torch.randn(2, 1, generator=g, dtype=torch.float64)
@@ -302,14 +308,19 @@ def mutated_reference(kind: str, meta: KNNMeta, x, w, b, gy):
     return y, grad_x
 
 
-MUTATIONS = ["wrong_cell", "dropped_neighbour", "padding_reads_input_0", "bias_twice",
-             "grad_x_rolled"]  # fmt: skip
+MUTATIONS = [
+    "wrong_cell",
+    "dropped_neighbour",
+    "padding_reads_input_0",
+    "bias_twice",
+    "grad_x_rolled",
+]
 
 
 @pytest.mark.parametrize("dtype", ALL, ids=str)
 @pytest.mark.parametrize("kind", MUTATIONS)
 def test_rule_fails_errors_the_size_of_a_term(kind, dtype):
-    """Each graph-level bug class (planted by scripts/mutation_check.py or, for the retired ones,
+    """Each graph-level bug class (planted by scripts/mutations/planted_bugs.py or, for the retired ones,
     made by a mutant of the mutation record), made in the oracle and rounded to the dtype, fails
     the rule (on a small graph, where float16's bound is below one term)."""
     meta = random_meta(3, 4, seed=4)
@@ -360,8 +371,9 @@ def test_verdict_reports_the_returned_dtype_and_the_baseline():
     gy = torch.randn(2, 2, meta.n_out, generator=g, dtype=torch.float64)
     expected = expected_quantities(x, w, None, meta, gy)["y"]
     base = get_ops("einsum_baseline").forward(meta, x, w, None)
-    verdict = judge_elementwise(expected.value.float(), expected, dtype=torch.float64,
-                                baseline=base)  # fmt: skip
+    verdict = judge_elementwise(
+        expected.value.float(), expected, dtype=torch.float64, baseline=base
+    )
     assert not verdict.ok and "returned float32" in verdict.notes
     assert verdict.baseline_ratio is not None and verdict.baseline_ratio <= 1
     assert "FAIL y float64" in str(verdict) and "returned float32" in str(verdict)
@@ -377,8 +389,9 @@ def test_a_sum_just_above_the_largest_finite_value_may_round_to_inf(dtype):
     biggest = torch.finfo(dtype).max
     half_ulp = math.ldexp(UNIT_ROUNDOFF[dtype], math.frexp(biggest)[1] - 1)
     # Two neighbours in two cells: nothing is binned, y = x0 + x1 in one GEMM.
-    meta = KNNMeta.from_knn(torch.tensor([[0], [1]]), torch.tensor([[0, 1]]), n_in=2,
-                            in_channels=1, v=2)  # fmt: skip
+    meta = KNNMeta.from_knn(
+        torch.tensor([[0], [1]]), torch.tensor([[0, 1]]), n_in=2, in_channels=1, v=2
+    )
     w = torch.ones(1, 2, dtype=dtype)
     for small, finite in ((half_ulp, False), (half_ulp / 2, True)):
         x = torch.tensor([[[biggest, small]]], dtype=dtype)
@@ -394,10 +407,16 @@ def test_float64_rule_leaves_room_for_the_oracles_own_rounding():
     sum on one side while the oracle (``w x0 + w x1 + w x2``) sits as far on the other. Found by
     the adversarial pass (K=33, V=17, batch 257: grad_x of both general and einsum_baseline
     failed the float64 rule by 3%); these three values give 1.35 times the one-sided bound."""
-    meta = KNNMeta.from_knn(torch.tensor([[0], [1], [2]]), torch.zeros(1, 3, dtype=torch.int64),
-                            n_in=3, in_channels=1, v=1)  # fmt: skip
-    x = torch.tensor([[[-1.2613456148668056, -0.8004403003033853, -0.2012609597799584]]],
-                     dtype=torch.float64)  # fmt: skip
+    meta = KNNMeta.from_knn(
+        torch.tensor([[0], [1], [2]]),
+        torch.zeros(1, 3, dtype=torch.int64),
+        n_in=3,
+        in_channels=1,
+        v=1,
+    )
+    x = torch.tensor(
+        [[[-1.2613456148668056, -0.8004403003033853, -0.2012609597799584]]], dtype=torch.float64
+    )
     w = torch.tensor([[1.3061133856375562]], dtype=torch.float64)
     expected = expected_quantities(x, w, None, meta, torch.ones(1, 1, 1, dtype=torch.float64))
     binned = ((x[0, 0, 0] + x[0, 0, 1]) + x[0, 0, 2]) * w[0, 0]  # 3 roundings per term: legal
@@ -411,8 +430,9 @@ def test_float64_subnormal_rounding_is_allowed():
     underflow allowance vanished in float64 and a subnormal result one unit off failed with
     bound 0 (found by the adversarial pass: x of a few subnormal units times ordinary weights,
     grad_weight of every backend). The allowance is now one subnormal unit per rounding."""
-    meta = KNNMeta.from_knn(torch.tensor([[0, 0]]), torch.zeros(2, 1, dtype=torch.int64),
-                            n_in=1, in_channels=1, v=1)  # fmt: skip
+    meta = KNNMeta.from_knn(
+        torch.tensor([[0, 0]]), torch.zeros(2, 1, dtype=torch.int64), n_in=1, in_channels=1, v=1
+    )
     unit = 2.0**-1074
     x = torch.tensor([[[3 * unit]]], dtype=torch.float64)
     gy = torch.tensor([[[0.7, 0.7]]], dtype=torch.float64)  # products of 2.1 units each

@@ -72,8 +72,9 @@ def test_the_largest_operands_are_read_per_quantity():
     x[0, 0, 0], w[0, 0], gy[0, 0, 0] = 1.0, 2.0, 4.0
     b[0] = 3.0
     expected = expected_quantities(x, w, b, meta, gy)
-    factors = {q: float(e.factor_max) if e.factor_max is not None else None
-               for q, e in expected.items()}  # fmt: skip
+    factors = {
+        q: float(e.factor_max) if e.factor_max is not None else None for q, e in expected.items()
+    }
     assert factors == {"y": 3 + 2, "grad_x": 2 + 4, "grad_weight": 4 + 1, "grad_bias": None}
 
 
@@ -101,8 +102,17 @@ def test_a_float16_subnormal_lost_fails():
     for dtype, tiny in ((torch.float16, 2.0**-20), (torch.bfloat16, 2.0**-130)):
         one = torch.ones(1, 1, 1, dtype=torch.float64)
         zero = torch.zeros((), dtype=torch.float64)
-        expected = Expected("y", one * 64 * tiny, one * 64 * tiny, one * 64, zero, zero, zero,
-                            None, one * (1 + tiny))  # fmt: skip
+        expected = Expected(
+            "y",
+            one * 64 * tiny,
+            one * 64 * tiny,
+            one * 64,
+            zero,
+            zero,
+            zero,
+            None,
+            one * (1 + tiny),
+        )
         verdict = judge_elementwise(torch.zeros(1, 1, 1, dtype=dtype), expected)
         assert verdict.ok == (dtype == torch.bfloat16), dtype
 

@@ -32,8 +32,10 @@ def case(request):
 
 def both(meta, backend=None):
     """``f(x, w, b)`` for knn_conv and for the float64 oracle."""
-    return (lambda x, w, b: knn_conv(x, w, b, meta, backend=backend),
-            lambda x, w, b: knn_conv_reference(x, w, b, meta))  # fmt: skip
+    return (
+        lambda x, w, b: knn_conv(x, w, b, meta, backend=backend),
+        lambda x, w, b: knn_conv_reference(x, w, b, meta),
+    )
 
 
 @pytest.mark.parametrize("backend", [None, *available_ops()])
@@ -118,7 +120,10 @@ def test_second_order_transforms_refuse_naming_knn_conv(transform):
     def loss(w):
         return knn_conv(x, w, b, meta).square().sum()
 
-    run = {"hessian": torch.func.hessian(loss), "jacfwd(jacrev)": jacfwd(jacrev(loss)),
-           "grad(grad)": grad(lambda w: grad(loss)(w).sum())}[transform]  # fmt: skip
+    run = {
+        "hessian": torch.func.hessian(loss),
+        "jacfwd(jacrev)": jacfwd(jacrev(loss)),
+        "grad(grad)": grad(lambda w: grad(loss)(w).sum()),
+    }[transform]
     with pytest.raises(RuntimeError, match="knn_conv is first-order only"):
         run(w)

@@ -121,8 +121,10 @@ def load_object(spec: str) -> Any:
     if not colon:
         if spec in available_ops():
             return get_ops(spec)
-        raise ValueError(f"{spec!r}: expected FILE.py:NAME or MODULE:NAME, or a registered "
-                         f"backend ({', '.join(available_ops())})")  # fmt: skip
+        raise ValueError(
+            f"{spec!r}: expected FILE.py:NAME or MODULE:NAME, or a registered "
+            f"backend ({', '.join(available_ops())})"
+        )
     if target.endswith(".py"):
         path = Path(target)
         if not path.is_file():
@@ -186,9 +188,11 @@ def run(args: argparse.Namespace) -> int:
     about = f"about {FULL_SECONDS // 60} min" if args.full else f"about {DEFAULT_SECONDS} s"
     if args.graphs and not args.full:
         about = "time depends on the graphs"
-    print(f"check {obj.name!r}: protocol PASS; graphs {' '.join(graphs)}, dtypes "
-          f"{' '.join(d for d in DTYPES if DTYPES[d] in dtypes)} on {device} "
-          f"({about} on 2 CPU cores)")  # fmt: skip
+    print(
+        f"check {obj.name!r}: protocol PASS; graphs {' '.join(graphs)}, dtypes "
+        f"{' '.join(d for d in DTYPES if DTYPES[d] in dtypes)} on {device} "
+        f"({about} on 2 CPU cores)"
+    )
     started = time.perf_counter()
     try:
         report = check_ops(

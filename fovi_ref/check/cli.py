@@ -123,15 +123,21 @@ scripts/fovi_findings/, such as torch_compact's float64 gradients accumulated in
 
 
 def _bench_epilog() -> str:
-    lines = ["targets (ratios measured side by side, float32 unless they say bfloat16; a '!' in",
-             "the tables marks a miss; 'floor' = the GEMM floor / fovi's einsum):"]  # fmt: skip
+    lines = [
+        "targets (ratios measured side by side, float32 unless they say bfloat16; a '!' in",
+        "the tables marks a miss; 'floor' = the GEMM floor / fovi's einsum):",
+    ]
     lines += [f"  {t.name:<40} <= {t.at_most}" for t in targets.LAYERS]
     lines += ["with every layer (times added up over the layers, per dtype):"]
     lines += [f"  {t.name:<40} <= {t.at_most}" for t in targets.TRUNK]
     lines += ["with --network resnet18:"]
     lines += [f"  {t.name:<40} <= {t.at_most}" for t in targets.NETWORK.values()]
-    modes = (("--boundary", (targets.BOUNDARY, targets.SCALE)), ("--fovi", (targets.FOVI,)),
-             ("--batch-scaling", (targets.SCALING,)), ("--hub", (targets.HUB,)))  # fmt: skip
+    modes = (
+        ("--boundary", (targets.BOUNDARY, targets.SCALE)),
+        ("--fovi", (targets.FOVI,)),
+        ("--batch-scaling", (targets.SCALING,)),
+        ("--hub", (targets.HUB,)),
+    )
     for flag, held in modes:
         lines += [f"with {flag}:", *(f"  {t.name:<40} <= {t.at_most}" for t in held)]
     lines += ["Definitions: fovi_ref/check/bench/targets.py."]
@@ -156,9 +162,19 @@ TF32, cuBLAS's 16-bit reductions): the bench times what a user gets and changes 
 
 # The jobs, and the options each one honours; an option given to a job that does not honour it
 # is an error, not silently ignored. Defaults are filled in after that check.
-DEFAULTS = {"out": "results", "device": "cpu", "dtypes": None, "dtype": list(LOW_AND_SINGLE),
-            "batch": None, "batch_general": 64, "repeats": 15, "layers": None,
-            "fovi_model": None, "strict": None, "machine_finding": None}  # fmt: skip
+DEFAULTS = {
+    "out": "results",
+    "device": "cpu",
+    "dtypes": None,
+    "dtype": list(LOW_AND_SINGLE),
+    "batch": None,
+    "batch_general": 64,
+    "repeats": 15,
+    "layers": None,
+    "fovi_model": None,
+    "strict": None,
+    "machine_finding": None,
+}
 FOVI_OPTIONS = ("fovi_model", "strict", "machine_finding")
 """The options only ``verify --fovi`` (and ``--fovi-model``) honours."""
 JOBS = {

@@ -142,9 +142,14 @@ def _spanning_shapes() -> dict[str, dict[str, int]]:
         shapes |= {f"{prefix}_{value}": {**BASE, size: value} for value in values}
     for fan_out, n_in in ((40, 8), (150, 8), (1100, 16)):  # Cin 1, Cout 2: cheap where wide
         shapes[f"hub_{fan_out}"] = {
-            **BASE, "k": 2, "n_in": n_in, "n_out": fan_out, "in_channels": 1, "out_channels": 2,
+            **BASE,
+            "k": 2,
+            "n_in": n_in,
+            "n_out": fan_out,
+            "in_channels": 1,
+            "out_channels": 2,
             "hub": fan_out,
-        }  # fmt: skip
+        }
     for name, sizes in (  # K = V = 1: fovi-resnet18's downsample convs (gather_gemm's class)
         ("downsample", {}),
         ("downsample_wide", dict(n_in=129, n_out=65, in_channels=33, out_channels=31, batch=5)),
@@ -167,9 +172,15 @@ def _spanning_shapes() -> dict[str, dict[str, int]]:
     # input read by 150 outputs, whose gradient sums 150 terms, in the K = V = 1 class.
     shapes["downsample_nin_1"] = {**BASE, "k": 1, "v": 1, "n_in": 1}
     shapes["downsample_hub_150"] = {
-        **BASE, "k": 1, "v": 1, "n_in": 8, "n_out": 150, "in_channels": 1, "out_channels": 2,
+        **BASE,
+        "k": 1,
+        "v": 1,
+        "n_in": 8,
+        "n_out": 150,
+        "in_channels": 1,
+        "out_channels": 2,
         "hub": 150,
-    }  # fmt: skip
+    }
     return shapes
 
 
@@ -184,16 +195,33 @@ def spanning_graph(name: str, *, seed: int = 0, device: torch.device | str = "cp
         raise ValueError(f"unknown spanning graph {name!r}; choose from {list(shapes)}")
     s = shapes[name]
     if name == "base":  # the padding check needs inputs nobody reads
-        meta = random_meta(s["k"], s["v"], n_in=s["n_in"], n_out=s["n_out"],
-                           in_channels=s["in_channels"], seed=graph_seed(name, seed))  # fmt: skip
+        meta = random_meta(
+            s["k"],
+            s["v"],
+            n_in=s["n_in"],
+            n_out=s["n_out"],
+            in_channels=s["in_channels"],
+            seed=graph_seed(name, seed),
+        )
     else:
         meta = spanning_meta(
-            s["k"], s["v"], n_in=s["n_in"], n_out=s["n_out"], in_channels=s["in_channels"],
-            seed=graph_seed(name, seed), hub=s.get("hub", 0),
-        )  # fmt: skip
+            s["k"],
+            s["v"],
+            n_in=s["n_in"],
+            n_out=s["n_out"],
+            in_channels=s["in_channels"],
+            seed=graph_seed(name, seed),
+            hub=s.get("hub", 0),
+        )
     if name == "channel_blocks":  # its oracle costs seconds: the dtypes that block, two checks
-        return TestGraph(name, meta.to(device), s["out_channels"], s["batch"],
-                         (torch.float64, torch.float32), ("oracle", "doors"))  # fmt: skip
+        return TestGraph(
+            name,
+            meta.to(device),
+            s["out_channels"],
+            s["batch"],
+            (torch.float64, torch.float32),
+            ("oracle", "doors"),
+        )
     return TestGraph(name, meta.to(device), s["out_channels"], s["batch"])
 
 

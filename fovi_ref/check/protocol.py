@@ -122,8 +122,10 @@ def policed(ops: Any) -> Any:
             if not (isinstance(result, tuple) and len(result) == 2) or result[1] is None:
                 tuple_of = isinstance(result, tuple)
                 got = [type(r).__name__ for r in result] if tuple_of else type(result).__name__
-                raise TypeError(f"backend {ops.name!r}: forward_with_operand must return a "
-                                f"tuple (y, operand), got {got}")  # fmt: skip
+                raise TypeError(
+                    f"backend {ops.name!r}: forward_with_operand must return a "
+                    f"tuple (y, operand), got {got}"
+                )
             _expect(ops, "forward_with_operand", result[0], y_shape(meta, x, weight), x.dtype)
             return result
 
@@ -133,7 +135,11 @@ def policed(ops: Any) -> Any:
             _expect(ops, "grad_weight_of_operand", g, shape, grad_y.dtype)
             return g
 
-        members.update(forward_with_operand=forward_with_operand,
-                       grad_weight_of_operand=grad_weight_of_operand)  # fmt: skip
-    return type(f"Policed_{ops.name}", (), {k: staticmethod(v) if callable(v) else v
-                                             for k, v in members.items()})  # fmt: skip
+        members.update(
+            forward_with_operand=forward_with_operand, grad_weight_of_operand=grad_weight_of_operand
+        )
+    return type(
+        f"Policed_{ops.name}",
+        (),
+        {k: staticmethod(v) if callable(v) else v for k, v in members.items()},
+    )

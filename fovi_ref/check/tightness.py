@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from fovi_ref import KNNMeta, dtype_name, knn_conv
-from fovi_ref.check.bench.gemm_dtypes import forced
+from fovi_ref.check.switches import forced
 from fovi_ref.check.tolerances import UNIT_ROUNDOFF, expected_quantities, judge_elementwise
 from fovi_ref.check.verify import backends_for
 from fovi_ref.precision import SIXTEEN_BIT
@@ -206,9 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|")
     for r in rows:
         print(f"| {r.case} | {r.dtype} | {r.by} | {r.ratio:.4f} | {'yes' if r.ok else 'NO'} |")
-    print("\nworst ratio per dtype: " + ", ".join(
-        f"{dtype} {ratio:.4f}" for dtype, ratio in worst_per_dtype(rows).items()
-    ))  # fmt: skip
+    print(
+        "\nworst ratio per dtype: "
+        + ", ".join(f"{dtype} {ratio:.4f}" for dtype, ratio in worst_per_dtype(rows).items())
+    )
     return 0 if all(r.ok for r in rows) else 1
 
 

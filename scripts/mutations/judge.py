@@ -1,13 +1,13 @@
 """The mutation job's judge: the default battery on every backend a mutated file can reach.
 
-``mutmut`` (see ``scripts/mutations/run.py``) runs these tests on each mutant, those whose
-backend calls the mutated function (its coverage stats, ``mutmut-stats.json``, say which). One
-of them judges: the mutated file's own backend (:data:`HOME`), or the first in :data:`JUDGED`
-that calls the function; the others skip. It runs :func:`~fovi_ref.check.check_ops.check_ops`
-with the default graphs and ``stop_at_first_fail``, so that a killed mutant costs seconds and a
+``mutmut`` (the backends' job, ``scripts/mutations/run.py``) runs these tests on each mutant, those
+whose backend calls the mutated function (its coverage stats, ``mutmut-stats.json``, say which).
+One of them judges: the mutated file's own backend (:data:`HOME`), or the first in :data:`JUDGED`
+that calls the function; the others skip. It runs :func:`~fovi_ref.check.check_ops.check_ops` with
+the default graphs and ``stop_at_first_fail``, so that a killed mutant costs seconds and a
 surviving one a single battery, not one per backend that calls it. A strategy is judged with it
-forced (:func:`~fovi_ref.strategies.forced_ops`): the routed ``general`` may never choose it on
-the battery's graphs. Paths this CPU never takes are judged too, forced, after the one it takes
+forced (:func:`~fovi_ref.strategies.forced_ops`): the routed ``general`` may never choose it on the
+battery's graphs. Paths this CPU never takes are judged too, forced, after the one it takes
 (:func:`_paths`): 16-bit GEMMs run narrow, and ``gather_gemm``'s dense ``S``.
 
 A mutant of the doors' forward and backward rules (``fovi_ref.knn_autograd``) that its judge's
@@ -23,8 +23,8 @@ of another node as nan in bfloat16 (its ``F.linear`` reads past each row). Its `
 checks run to the end, and a mutant of it is killed by any failed row but those.
 
 With ``MUTATION_BATTERY=full`` in the environment the judge runs the ``--full`` battery's
-other graphs instead (the random graphs and res18's layers of each kind): ``run.py`` asks it
-for the mutants the default battery passes.
+other graphs instead (the random graphs and res18's layers of each kind): the job's second
+stage asks it for the mutants the default battery passes.
 
 The test that kills a mutant writes which graph, dtype, check and quantity failed first to
 ``judge_verdicts/<mutant>.json`` (under ``mutants/``, where mutmut runs), for the record.
@@ -41,8 +41,6 @@ import pytest
 import torch
 
 from fovi_ref import DTYPES as NAMED_DTYPES
-from fovi_ref.check.bench.budget import forced_grad_input_path
-from fovi_ref.check.bench.gemm_dtypes import forced
 from fovi_ref.check.check_ops import (
     CHECKS,
     DEFAULT,
@@ -53,6 +51,7 @@ from fovi_ref.check.check_ops import (
     check_ops,
     resolve_graphs,
 )
+from fovi_ref.check.switches import forced, forced_grad_input_path
 from fovi_ref.precision import SIXTEEN_BIT, platform
 from fovi_ref.strategies import STRATEGIES, forced_ops
 
@@ -66,6 +65,7 @@ HOME = {
     "fovi_ref.knn_general": "general[textbook]",
     "fovi_ref.segment_sum": "general[textbook]",
     "fovi_ref.layout": "general[textbook]",
+    "fovi_ref.precision": "general[textbook]",
     "fovi_ref.knn_gather_gemm": "gather_gemm",
     "fovi_ref.knn_einsum_baseline": "einsum_baseline",
     "fovi_ref.knn_autograd": "general",

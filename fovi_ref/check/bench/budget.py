@@ -48,18 +48,17 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from fovi_ref import knn_gather_gemm
 from fovi_ref.knn_gather_gemm import S_MAX_ELEMENTS
 
 __all__ = [
     "CUDA_RECORD",
+    "DENSE_S_BUDGET_SOURCE",
     "H200",
     "MIN_BAND",
     "SWEEP_BATCH",
@@ -71,7 +70,6 @@ __all__ = [
     "disagreements",
     "fastest_times",
     "faster_of",
-    "forced_grad_input_path",
     "from_record",
     "model_budget",
     "model_seconds",
@@ -82,6 +80,14 @@ __all__ = [
     "to_record",
     "verdicts",
 ]
+
+DENSE_S_BUDGET_SOURCE: dict[str, str] = {
+    "cpu": "measured: notebook 04 sweep",
+    "cuda": "derived: notebook 04 model, unmeasured",
+}
+"""Where each value of :data:`fovi_ref.knn_gather_gemm.DENSE_S_BUDGET` comes from: the sweep
+notebook 04 stores (``measured``), or :func:`model_budget` where no device has run it
+(``derived``); ``tests/test_notebook_claims.py`` holds each value to its source."""
 
 MIN_BAND = 0.05
 """The narrowest noise band used, whatever the A/A ratios say: 5%."""
@@ -306,23 +312,3 @@ def from_record(record: dict) -> tuple[list[PathTimes], dict[str, PathTimes]]:
 
     sweep = [point(r) for r in record["sweep"]]
     return sweep, {name: point(r) for name, r in record["layers"].items()}
-
-
-@contextmanager
-def forced_grad_input_path(path: str, device_type: str = "cpu") -> Iterator[None]:
-    """Within the block, ``gather_gemm``'s ``grad_input`` on ``device_type`` takes ``path``
-    ("dense" S GEMM or "index" scatter) wherever an ``S`` exists; the budget is restored on exit.
-    A measuring and testing knob: it edits the op's ``DENSE_S_BUDGET``, so not for threads."""
-    if path not in ("dense", "index"):
-        raise ValueError(f"path must be 'dense' or 'index', got {path!r}")
-    saved = knn_gather_gemm.DENSE_S_BUDGET.get(device_type)
-    knn_gather_gemm.DENSE_S_BUDGET[device_type] = (
-        knn_gather_gemm.S_MAX_ELEMENTS if path == "dense" else -1
-    )
-    try:
-        yield
-    finally:
-        if saved is None:
-            del knn_gather_gemm.DENSE_S_BUDGET[device_type]
-        else:
-            knn_gather_gemm.DENSE_S_BUDGET[device_type] = saved

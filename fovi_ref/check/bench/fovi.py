@@ -166,8 +166,10 @@ def run(args) -> int:
         target = targets.FOVI.at_most if dtype_name == "float32" else None
         if target is None:
             limit = targets.FOVI.at_most
-            print(f"ref/best: fovi_ref / best, median ± half its IQR (the target, <= {limit}, "
-                  "holds float32 only)\n")  # fmt: skip
+            print(
+                f"ref/best: fovi_ref / best, median ± half its IQR (the target, <= {limit}, "
+                "holds float32 only)\n"
+            )
         else:
             print(
                 f"ref/best: fovi_ref / best, median ± half its IQR, target <= "
@@ -180,8 +182,9 @@ def run(args) -> int:
             counts = ", ".join(f"{verdicts.count(v)} {v}" for v in ("met", "unsure", "MISSED"))
             capped = sum(r["stopped"] == "cap" for r in rows)
             print(f"\nverdict: {timing.overall(verdicts)}; rows: {counts} (of {len(rows)})")
-            print(f"{capped} rows stopped at the time cap, the rest within the "
-                  f"{timing.BAND:.0%} band")  # fmt: skip
+            print(
+                f"{capped} rows stopped at the time cap, the rest within the {timing.BAND:.0%} band"
+            )
         all_rows += [{"dtype": dtype_name, **r} for r in rows]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

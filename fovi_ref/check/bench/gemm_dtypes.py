@@ -9,15 +9,13 @@ is the faster on all four layers; the ratio of each layer is recorded beside the
 
 The record (:data:`RECORD`, written by ``bench --gemm-dtypes --out DIR`` and copied here by
 hand) names the platform it was measured on; ``tests/test_precision.py`` holds every entry of
-that platform in ``GEMM_DTYPES`` to it. :func:`forced` sets the table for one platform within a
-block: the testing knob that lets a CPU without a fast 16-bit GEMM run the narrow path.
+that platform in ``GEMM_DTYPES`` to it. :func:`fovi_ref.check.switches.forced` sets the table for
+one platform within a block: the switch that lets a CPU without a fast 16-bit GEMM run narrow.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,9 +23,19 @@ import torch
 from fovi_ref import dtype_name
 from fovi_ref.check.bench.timing import machine_load, measure
 from fovi_ref.geometry import get_layer
-from fovi_ref.precision import GEMM_DTYPES, SIXTEEN_BIT, platform
+from fovi_ref.precision import SIXTEEN_BIT, platform
 
-__all__ = ["BATCH", "LAYERS", "RECORD", "choose", "forced", "load_record", "measure_gemms", "run"]
+__all__ = [
+    "BATCH",
+    "GEMM_DTYPE_SOURCES",
+    "LAYERS",
+    "MEASURED",
+    "RECORD",
+    "choose",
+    "load_record",
+    "measure_gemms",
+    "run",
+]
 
 LAYERS = ("layer1.0.conv1", "layer2.0.conv1", "layer3.0.conv2", "layer4.0.conv1")
 """The layers whose forward GEMM is timed: one per stage of res18."""
@@ -36,23 +44,19 @@ BATCH = 8
 RECORD = Path(__file__).with_name("gemm_record.json")
 """The stored measurement ``GEMM_DTYPES`` is held to."""
 
+MEASURED = "measured: bench --gemm-dtypes, record fovi_ref/check/bench/gemm_record.json"
 
-@contextmanager
-def forced(gemms: str, platform_key: str | None = None) -> Iterator[None]:
-    """Within the block, every 16-bit call on ``platform_key`` (default: this CPU's) runs its
-    GEMMs ``"narrow"`` or ``"wide"``; the table is restored on exit. A testing knob: it edits the
-    op's ``GEMM_DTYPES``, so not for threads."""
-    if gemms not in ("narrow", "wide"):
-        raise ValueError(f"gemms must be 'narrow' or 'wide', got {gemms!r}")
-    key = platform("cpu") if platform_key is None else platform_key
-    saved = dict(GEMM_DTYPES)
-    for dtype in SIXTEEN_BIT:
-        GEMM_DTYPES[(key, dtype)] = dtype if gemms == "narrow" else torch.float32
-    try:
-        yield
-    finally:
-        GEMM_DTYPES.clear()
-        GEMM_DTYPES.update(saved)
+GEMM_DTYPE_SOURCES: dict[tuple[str, torch.dtype], str] = {
+    ("cpu", torch.bfloat16): MEASURED,
+    ("cpu", torch.float16): MEASURED,
+    ("cpu_bf16", torch.bfloat16): "derived, unmeasured: oneDNN runs bfloat16 GEMMs natively there",
+    ("cpu_bf16", torch.float16): "derived, unmeasured: such CPUs have no native float16 GEMM",
+    ("cuda", torch.bfloat16): "derived, unmeasured: tensor cores outrun float32 units many times",
+    ("cuda", torch.float16): "derived, unmeasured: tensor cores outrun float32 units many times",
+}
+"""Where each entry of :data:`fovi_ref.precision.GEMM_DTYPES` comes from: ``measured`` (the
+stored :data:`RECORD`, which ``tests/test_precision.py`` holds it to) or ``derived, unmeasured``
+(and why)."""
 
 
 def _operands(layer: str, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:

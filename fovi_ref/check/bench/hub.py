@@ -31,8 +31,16 @@ FAN_OUTS = (1024, 4096, 16384, 32768)
 """The fan-outs the bench times."""
 
 
-def hub_meta(fan_out: int, *, k: int = 4, v: int = 4, n_in: int = 256, in_channels: int = 16,
-             seed: int = 0, device: str | torch.device = "cpu") -> KNNMeta:  # fmt: skip
+def hub_meta(
+    fan_out: int,
+    *,
+    k: int = 4,
+    v: int = 4,
+    n_in: int = 256,
+    in_channels: int = 16,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> KNNMeta:
     """A graph of ``fan_out`` outputs that all read input 0 (their first neighbour), the other
     ``k - 1`` neighbours and every cell drawn at random from ``seed``."""
     g = torch.Generator().manual_seed(seed)
@@ -43,8 +51,15 @@ def hub_meta(fan_out: int, *, k: int = 4, v: int = 4, n_in: int = 256, in_channe
     return meta.to(device)
 
 
-def hub_rows(fan_outs=FAN_OUTS, *, batch: int = 8, out_channels: int = 16, repeats: int = 7,
-             device: str = "cpu", dtype=torch.float32) -> list[dict]:  # fmt: skip
+def hub_rows(
+    fan_outs=FAN_OUTS,
+    *,
+    batch: int = 8,
+    out_channels: int = 16,
+    repeats: int = 7,
+    device: str = "cpu",
+    dtype=torch.float32,
+) -> list[dict]:
     """One row per fan-out: ``derive s`` (seconds to build ``general``'s plans), ``ms`` (median
     of each contender), ``ratio`` (general / einsum, a :class:`~fovi_ref.check.bench.timing.Ratio`)
     and ``stopped`` (how the measurement ended)."""

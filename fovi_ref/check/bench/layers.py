@@ -274,11 +274,14 @@ def run(args) -> None:
     }
     record = {"run": meta, "k1": ds_rows, "general": gen_rows, "trunk": trunk}
     record = json.dumps(record, indent=1)
-    write_set(out, {
-        "bench.png": lambda path: plot_bench(path, ds_rows, gen_rows, meta),
-        "bench.csv": lambda path: write_csv(path, ds_rows + gen_rows),
-        "bench.json": lambda path: path.write_text(record),
-    })  # fmt: skip
+    write_set(
+        out,
+        {
+            "bench.png": lambda path: plot_bench(path, ds_rows, gen_rows, meta),
+            "bench.csv": lambda path: write_csv(path, ds_rows + gen_rows),
+            "bench.json": lambda path: path.write_text(record),
+        },
+    )
     print(f"results in {out}/bench.json, bench.csv, bench.png")
 
 
@@ -420,8 +423,11 @@ def print_general_table(rows: list[dict]) -> None:
     shares = [f"{r['layer'].split(', ')[0]} {r['empty cells']:.0%}" for r in rows]
     print("empty cells, whose zero features dense GEMMs multiply (the per-cell GEMMs skip them;")
     print("general runs per cell where fovi_ref.strategies.choose_strategy says it pays):")
-    print(textwrap.fill(", ".join(dict.fromkeys(shares)), 98, initial_indent="  ",
-                        subsequent_indent="  "))  # fmt: skip
+    print(
+        textwrap.fill(
+            ", ".join(dict.fromkeys(shares)), 98, initial_indent="  ", subsequent_indent="  "
+        )
+    )
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -435,8 +441,17 @@ def write_csv(path: Path, rows: list[dict]) -> None:
             for t in targets.holding(r):
                 ratio = ratio_of(r, t.ratio)
                 cells = [f"{v:.3f}" for v in (ratio.median, ratio.low, ratio.high)]
-                writer.writerow([r["layer"], r["batch"], r["dtype"], t.name, *cells, t.at_most,
-                                 r["verdicts"][t.name]])  # fmt: skip
+                writer.writerow(
+                    [
+                        r["layer"],
+                        r["batch"],
+                        r["dtype"],
+                        t.name,
+                        *cells,
+                        t.at_most,
+                        r["verdicts"][t.name],
+                    ]
+                )
 
 
 def _row_target(row: dict, ratio: str) -> float | None:

@@ -56,8 +56,15 @@ def scaling_rows(
             )
             per_sample[batch] = 1e3 * timed.median("routed") / batch
             ratio[batch], stopped[batch] = timed.ratio("routed", "einsum"), timed.stopped
-        rows.append({"layers": members, "backend": backend, "ms per sample": per_sample,
-                     "ratio": ratio, "stopped": stopped})  # fmt: skip
+        rows.append(
+            {
+                "layers": members,
+                "backend": backend,
+                "ms per sample": per_sample,
+                "ratio": ratio,
+                "stopped": stopped,
+            }
+        )
     return rows
 
 
@@ -92,8 +99,10 @@ def run(names=None, repeats: int = 7, device: str = "cpu", dtype=torch.float32) 
     print(f"{cells - capped} of {cells} cells reached the {timing.BAND:.0%} band, {capped} the cap")
     if target is not None:
         met = [k for k, v in verdicts.items() if v == "met"]
-        print(f"verdict: {timing.overall(list(verdicts.values()))}, {len(met)} of {cells} cells "
-              "meet the target")  # fmt: skip
+        print(
+            f"verdict: {timing.overall(list(verdicts.values()))}, {len(met)} of {cells} cells "
+            "meet the target"
+        )
         for kind in ("MISSED", "unsure"):
             listed = [f"{layer} B={b}" for (layer, b), v in verdicts.items() if v == kind]
             for i in range(0, len(listed), 3):  # within 100 columns: 'layer4.0.downsample.0 B=16'

@@ -161,9 +161,11 @@ class Timing:
 
     def stop_note(self) -> str:
         """One line: rounds, and whether the spread met the band or the cap stopped it."""
-        why = {"band": f"every ratio's IQR within {BAND:.0%} of its median",
-               "cap": f"time cap or round limit reached before the {BAND:.0%} band",
-               "rounds": "fixed rounds"}[self.stopped]  # fmt: skip
+        why = {
+            "band": f"every ratio's IQR within {BAND:.0%} of its median",
+            "cap": f"time cap or round limit reached before the {BAND:.0%} band",
+            "rounds": "fixed rounds",
+        }[self.stopped]
         again = f", measured {self.attempts} times (a ratio fell below its floor)"
         return f"{self.rounds} rounds, {why}" + (again if self.attempts > 1 else "")
 

@@ -129,9 +129,15 @@ def _knn_graphs() -> dict[str, LayerGraph]:
     }
     for name, (k, in_res, out_res) in pools.items():
         graphs[name] = layer_graph(
-            name, in_channels=1, out_channels=1, k=k, in_res=in_res, out_res=out_res, fov=16,
+            name,
+            in_channels=1,
+            out_channels=1,
+            k=k,
+            in_res=in_res,
+            out_res=out_res,
+            fov=16,
             cmf_a=0.5,
-        )  # fmt: skip
+        )
     return graphs
 
 

@@ -158,7 +158,7 @@ def verify_fovi(
                     gy,
                     all_padding="zero",
                     bias_rounding="separate",
-                )  # fmt: skip
+                )
             )
             dispatch = fovi_dispatch(rec.layer, batch=batch, dtype=dtype, device=device)
             run = functools.partial(fovi_forward_and_grads, layer=rec.layer)
@@ -184,9 +184,13 @@ def verify_fovi(
                     side = reason = ""
                     if not verdict.ok:
                         side, reason = _diagnose(
-                            value, expected[quantity], dtype, backend, base_verdicts[quantity],
+                            value,
+                            expected[quantity],
+                            dtype,
+                            backend,
+                            base_verdicts[quantity],
                             separate,
-                        )  # fmt: skip
+                        )
                     checks.append(
                         FoviCheck(
                             name,
@@ -198,7 +202,7 @@ def verify_fovi(
                             route(meta),
                             side,
                             reason,
-                        )  # fmt: skip
+                        )
                     )
     return checks
 
@@ -230,12 +234,17 @@ class OverflowFinding:
 
     def summary(self) -> str:
         got = ", ".join(f"{name} {y:g}" for name, y in self.results.items())
-        lines = [f"float16 overflow: two neighbours of {self.neighbour:g} in one cell, weight "
-                 f"{self.weight:g}, exact y = {self.exact:g}", f"  y: {got}"]  # fmt: skip
+        lines = [
+            f"float16 overflow: two neighbours of {self.neighbour:g} in one cell, weight "
+            f"{self.weight:g}, exact y = {self.exact:g}",
+            f"  y: {got}",
+        ]
         if self.overflowing:
-            lines.append(f"  fovi: {', '.join(self.overflowing)} store the cell sum "
-                         f"({self.cell_sum:g}) in float16 before the GEMM:\n  inf where the "
-                         "answer is finite")  # fmt: skip
+            lines.append(
+                f"  fovi: {', '.join(self.overflowing)} store the cell sum "
+                f"({self.cell_sum:g}) in float16 before the GEMM:\n  inf where the "
+                "answer is finite"
+            )
             lines.append(f"  reproducer: {FINDINGS_DIR}/f16_cell_sum_overflow.py")
         return "\n".join(lines)
 
@@ -243,8 +252,9 @@ class OverflowFinding:
 def overflow_finding(device: str | torch.device = "cpu") -> OverflowFinding:
     """Run fovi's training and inference backends that take float16 here on the graph of
     :class:`OverflowFinding`, beside fovi_ref's ``general`` (float32 accumulation)."""
-    meta = KNNMeta.from_knn(torch.tensor([[0], [1]]), torch.tensor([[0, 0]]), n_in=2,
-                            in_channels=1, v=1).to(device)  # fmt: skip
+    meta = KNNMeta.from_knn(
+        torch.tensor([[0], [1]]), torch.tensor([[0, 0]]), n_in=2, in_channels=1, v=1
+    ).to(device)
     x = torch.full((1, 1, 2), OVERFLOW_NEIGHBOUR, dtype=torch.float16, device=device)  # [B,Cin,Nin]
     w = torch.full((1, 1), OVERFLOW_WEIGHT, dtype=torch.float16, device=device)  # [Cout, Cin*V]
     exact = 2 * OVERFLOW_NEIGHBOUR * float(w.double())  # the two neighbours' y, in float64
