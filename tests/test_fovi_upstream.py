@@ -469,36 +469,6 @@ def test_check_fovi_ops_goes_through_check_ops():
     assert report.ops_name == "fovi_torch_compact_direct" and report.rows
 
 
-# ------------------------------------------------------------------------ the user's adapter
-def test_adapter_swaps_every_conv_and_keeps_the_parameters(model64):
-    model = copy.deepcopy(model64)
-    params = [(n, id(p)) for n, p in model.named_parameters()]
-    keys = list(model.state_dict())
-    conv = model.layer4[0].conv2  # K=2, V=4, 2 nodes: cheap
-    x = torch.randn(2, 512, 2, dtype=F64)
-    fovi_y = conv(x)
-    with upstream.fovi_ref_convs(model, backend="einsum_baseline") as metas:
-        assert len(metas) == 20
-        assert [(n, id(p)) for n, p in model.named_parameters()] == params
-        assert list(model.state_dict()) == keys
-        assert "forward" in vars(conv)
-        assert relative_error(conv(x), fovi_y) < 1e-14
-        assert (
-            relative_error(
-                conv(x), knn_conv_reference(x, conv.weight, None, metas["layer4.0.conv2"])
-            )
-            < 1e-14
-        )
-    assert all(
-        "forward" not in vars(rec.layer) for rec in upstream.fovi_conv_layers(model).values()
-    )
-    with pytest.raises(KeyError), upstream.fovi_ref_convs(model):
-        raise KeyError("an error inside the block")
-    assert all(
-        "forward" not in vars(rec.layer) for rec in upstream.fovi_conv_layers(model).values()
-    )
-
-
 @pytest.fixture(scope="module")
 def comparison(model64):
     """One forward and backward of fovi's resnet18 (float64, batch 2) through fovi's baseline

@@ -202,7 +202,6 @@ from fovi_ref.check.fovi.models import (
     TrainingComparison,
     compare_model,
     compare_training,
-    fovi_ref_convs,
     random_batches,
 )
 from fovi_ref.check.fovi.verify import (
@@ -267,7 +266,6 @@ __all__ = [
     "TrainingComparison",
     "compare_model",
     "compare_training",
-    "fovi_ref_convs",
     "random_batches",
     "FoviCheck",
     "FoviFinding",

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from fovi_ref import KNNMeta
+from fovi_ref.interop.fovi import knn_conv_layers
 
 __all__ = [
     "BACKEND_ENV",
@@ -185,12 +186,12 @@ def build_fovi_resnet18(
 
 def fovi_conv_layers(model: nn.Module) -> dict[str, FoviLayer]:
     """Every ``KNNConvLayer`` of ``model`` (subclasses excluded), in module order, with its
-    meta (``KNNMeta.from_layer``)."""
-    conv_layer = fovi_arch().knn.KNNConvLayer
+    meta (``KNNMeta.from_layer``): the adapter's discovery
+    (:func:`fovi_ref.interop.fovi.knn_conv_layers`), fovi's version checked first."""
+    require_fovi()
     return {
-        name: FoviLayer(name, module, KNNMeta.from_layer(module))
-        for name, module in model.named_modules()
-        if type(module) is conv_layer
+        name: FoviLayer(name, layer, KNNMeta.from_layer(layer))
+        for name, layer in knn_conv_layers(model).items()
     }
 
 

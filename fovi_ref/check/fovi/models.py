@@ -1,10 +1,10 @@
-"""fovi 2.4.0 models with fovi_ref layers swapped in: the user's adapter, and whole-network
-and training comparisons against fovi's own layers."""
+"""fovi 2.4.0 models with fovi_ref layers swapped in by the user's adapter
+(:func:`fovi_ref.interop.fovi.fovi_ref_convs`): whole-network and training comparisons against
+fovi's own layers."""
 
 from __future__ import annotations
 
 import copy
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -13,59 +13,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fovi_ref import KNNMeta, knn_conv
 from fovi_ref.check.fovi.backends import fovi_backend
 from fovi_ref.check.fovi.load import fovi_conv_layers
-from fovi_ref.check.tolerances import (
-    relative_error,
-)
+from fovi_ref.check.tolerances import relative_error
+from fovi_ref.interop.fovi import fovi_ref_convs
 
 __all__ = [
     "ModelComparison",
     "TrainingComparison",
     "compare_model",
     "compare_training",
-    "fovi_ref_convs",
     "random_batches",
 ]
-
-
-# ------------------------------------------------------------------------ the user's adapter
-@contextmanager
-def fovi_ref_convs(model: nn.Module, *, backend: str | None = None) -> Iterator[dict[str, KNNMeta]]:
-    """Inside the block, every fovi ``KNNConvLayer`` of ``model`` runs ``fovi_ref.knn_conv``.
-
-    Each layer keeps its own ``weight`` and ``bias`` (``None`` by default in fovi): the layer's
-    ``forward`` is replaced on the instance by ``knn_conv(x, layer.weight, layer.bias, meta,
-    backend=backend)`` with ``meta = KNNMeta.from_layer(layer)``, so parameters, buffers,
-    ``state_dict`` and optimizers see no change, and leaving the block (normally or by an
-    exception) restores fovi's forward. fovi_ref follows the formula, so a node whose neighbours
-    are all padding gives ``bias`` where fovi's layer gives 0 (none in fovi-resnet18).
-    Subclasses of ``KNNConvLayer`` (depthwise ones have their own forward) are left to fovi.
-
-    Yields ``{module name: meta}`` of the layers swapped.
-    """
-    layers = fovi_conv_layers(model)
-    for name, rec in layers.items():
-        if "forward" in vars(rec.layer):
-            raise RuntimeError(f"{name}'s forward is already replaced (nested fovi_ref_convs?)")
-    try:
-        for rec in layers.values():
-            rec.layer.forward = _fovi_ref_forward(rec.layer, rec.meta, backend)
-        yield {name: rec.meta for name, rec in layers.items()}
-    finally:
-        for rec in layers.values():
-            vars(rec.layer).pop("forward", None)
-
-
-def _fovi_ref_forward(layer: nn.Module, meta: KNNMeta, backend: str | None) -> Callable:
-    layer_ref = weakref.ref(layer)  # no cycle layer -> forward -> layer
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        owner = layer_ref()
-        return knn_conv(x, owner.weight, owner.bias, meta.to(x.device), backend=backend)
-
-    return forward
 
 
 # --------------------------------------------------------------------- whole-network checks
