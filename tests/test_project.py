@@ -68,7 +68,7 @@ def import_levels(graph: dict[str, set[str]]) -> dict[str, int]:
     return levels
 
 
-# Around the op: the harness (fovi_ref.check) and interop (ONNX, DDP). The op imports neither,
+# Around the op: the harness (fovi_ref.check) and interop (ONNX, DDP, fovi). The op imports neither,
 # interop does not import the harness, and both reach the op through its public names.
 OUTSIDE = ("fovi_ref.check", "fovi_ref.interop")
 
