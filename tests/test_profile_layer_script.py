@@ -19,12 +19,21 @@ def test_profile_layer_prints_every_contender_with_its_gemm_share():
         check=True,
         timeout=300,
     ).stdout
+    assert out.startswith("platform ")  # the machine, before any figure
     assert out.count("layer4.0.conv2, batch ") == 2  # one table per batch
     for contender in ("routed (general)", "fovi einsum", "GEMM floor"):
         shares = re.findall(rf"  {re.escape(contender)}: \d+ us, GEMMs (\d+)%", out)
         assert len(shares) == 2 and all(0 < int(s) <= 100 for s in shares), (contender, out)
     # The floor is its three GEMMs and little else; the rows list operators with call counts.
     assert re.search(r"^    mm +3 calls", out, re.M)
+
+
+def test_profile_layer_profiles_a_16_bit_dtype():
+    command = [sys.executable, str(SCRIPT), "layer4.0.conv2", "--batch", "2", "--calls", "1"]
+    out = subprocess.run(
+        [*command, "--dtype", "bfloat16"], capture_output=True, text=True, check=True, timeout=300
+    ).stdout
+    assert "layer4.0.conv2, batch 2, bfloat16, 1 calls each" in out
 
 
 def test_profile_layer_names_an_unknown_layer():

@@ -29,6 +29,7 @@ the one loop written here.
 from __future__ import annotations
 
 import os
+import platform as py_platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +40,8 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.benchmark import Measurement, TaskSpec, set_torch_threads
 from torch.utils.benchmark import timer as clock
 
+from fovi_ref.precision import platform
+
 __all__ = [
     "BAND",
     "CAP_S",
@@ -46,11 +49,14 @@ __all__ = [
     "MachineLoad",
     "Ratio",
     "Timing",
+    "cpu_model",
+    "describe_platform",
     "machine_load",
     "measure",
     "overall",
     "paired_ratio",
     "peak_memory_bytes",
+    "platform_fields",
     "sync",
     "time_contenders",
     "verdict",
@@ -260,6 +266,41 @@ def machine_load() -> MachineLoad:
     low, median, high = statistics.quantiles(seconds, n=4, method="inclusive")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return MachineLoad(load, os.cpu_count() or 1, (high - low) / median)
+
+
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` says)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return py_platform.processor() or py_platform.machine() or "unknown"
+
+
+def platform_fields(device: torch.device | str = "cpu") -> dict:
+    """What every stored timing names its machine by: ``precision.platform`` (the key of the
+    GEMM table), the device, the CPU model and ATen's capability (AVX2, AVX512, ...), the CPU
+    threads and the torch version (a JSON-ready dict; :func:`describe_platform` prints it)."""
+    device = torch.device(device)
+    return {
+        "platform": platform(device),
+        "device": str(device),
+        "cpu_model": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+
+
+def describe_platform(fields: dict) -> str:
+    """``platform cpu_bf16 (Intel(R) Xeon(R) ..., AVX512), 2 threads, torch 2.13.0+cpu``."""
+    machine = f"{fields.get('cpu_model') or 'CPU model not recorded'}, {fields['cpu_capability']}"
+    threads = fields.get("threads")
+    threads = f"{threads} threads" if threads else "threads not recorded"
+    return f"platform {fields['platform']} ({machine}), {threads}, torch {fields['torch']}"
 
 
 def time_contenders(
