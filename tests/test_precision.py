@@ -11,7 +11,7 @@ from torch.overrides import TorchFunctionMode
 
 from fovi_ref import KNNConv, KNNMeta, dtype_name, get_ops, knn_conv
 from fovi_ref.check.bench import gemm_dtypes
-from fovi_ref.check.bench.gemm_dtypes import GEMM_DTYPE_SOURCES, MEASURED
+from fovi_ref.check.bench.gemm_dtypes import GEMM_DTYPE_SOURCES
 from fovi_ref.check.check_ops import check_ops
 from fovi_ref.check.jobs import layer_names
 from fovi_ref.check.switches import forced, forced_grad_input_path
@@ -44,22 +44,31 @@ def test_every_entry_is_wide_or_narrow_and_says_where_it_comes_from():
     assert set(GEMM_DTYPES) == set(GEMM_DTYPE_SOURCES)
     for (_, dtype), gemm in GEMM_DTYPES.items():
         assert dtype in SIXTEEN_BIT and gemm in (dtype, torch.float32)
-    record = gemm_dtypes.load_record()
+    records = gemm_dtypes.load_records()
     for key, source in GEMM_DTYPE_SOURCES.items():
-        measured = key[0] == record["platform"]
-        assert source == MEASURED if measured else source.startswith("derived, unmeasured")
+        if key[0] in records:
+            assert source == gemm_dtypes.measured(key[0]), key
+        else:
+            assert source.startswith("derived, unmeasured"), key
 
 
-def test_the_recorded_platform_holds_the_recorded_choice():
-    """bench --gemm-dtypes measured a 16-bit GEMM against a float32 one on this platform; the
-    table must say what the record chose (narrow: the 16-bit GEMM was faster on every layer)."""
-    record = gemm_dtypes.load_record()
-    for name, choice in record["choice"].items():
-        dtype = getattr(torch, name)
-        ratios = record["ratios"][name]
-        assert choice == gemm_dtypes.choose(ratios)
-        want = dtype if choice == "narrow" else torch.float32
-        assert GEMM_DTYPES[(record["platform"], dtype)] == want, name
+RECORD_FIELDS = {"platform", "device", "cpu_model", "cpu_capability", "threads", "torch", "load"}
+
+
+def test_every_recorded_platform_holds_its_recorded_choice():
+    """bench --gemm-dtypes measured a 16-bit GEMM against a float32 one on each recorded
+    platform; the table must say what its record chose (narrow: the 16-bit GEMM was faster on
+    every layer). Every record names its machine in the same fields (the first one, from an
+    AVX2 CPU, recorded no CPU model, threads or load: null)."""
+    records = gemm_dtypes.load_records()
+    assert "cpu" in records
+    for plat, record in records.items():
+        assert set(record) >= RECORD_FIELDS, plat
+        for name, choice in record["choice"].items():
+            dtype = getattr(torch, name)
+            assert choice == gemm_dtypes.choose(record["ratios"][name])
+            want = dtype if choice == "narrow" else torch.float32
+            assert GEMM_DTYPES[(plat, dtype)] == want, (plat, name)
 
 
 def test_forced_sets_and_restores_the_table():

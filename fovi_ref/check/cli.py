@@ -328,7 +328,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="instead: a 16-bit GEMM against a float32 one on four res18 layers' forward GEMM, "
         "per 16-bit dtype, and the choice fovi_ref.precision.GEMM_DTYPES should hold for this "
-        "machine (narrow: 16-bit GEMMs; wide: float32); writes OUT/gemm_record.json",
+        "machine (narrow: 16-bit GEMMs; wide: float32); writes OUT/<platform>.json",
     )
     check_command.add_parser(sub, _HelpFormatter)
     for sp in (v, b):

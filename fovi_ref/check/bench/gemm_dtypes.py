@@ -7,32 +7,40 @@ measures the choice for the machine it runs on: the forward GEMM of four res18 l
 with float32 ones, timed in interleaved rounds in one process. The 16-bit GEMM is chosen where it
 is the faster on all four layers; the ratio of each layer is recorded beside the choice.
 
-The record (:data:`RECORD`, written by ``bench --gemm-dtypes --out DIR`` and copied here by
-hand) names the platform it was measured on; ``tests/test_precision.py`` holds every entry of
-that platform in ``GEMM_DTYPES`` to it. :func:`fovi_ref.check.switches.forced` sets the table for
-one platform within a block: the switch that lets a CPU without a fast 16-bit GEMM run narrow.
+The records (:data:`RECORDS`, one per platform, each written by ``bench --gemm-dtypes --out DIR``
+and copied there by hand) name the machine they were measured on (the platform, the CPU model and
+capability, the threads, torch, the load before and after); ``tests/test_precision.py`` holds every
+entry of each recorded platform in ``GEMM_DTYPES`` to its record.
+:func:`fovi_ref.check.switches.forced` sets the table for one platform within a block: the switch
+that lets a CPU without a fast 16-bit GEMM run narrow.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from fovi_ref import dtype_name
-from fovi_ref.check.bench.timing import machine_load, measure
+from fovi_ref.check.bench.timing import (
+    describe_platform,
+    machine_load,
+    measure,
+    platform_fields,
+)
 from fovi_ref.geometry import get_layer
-from fovi_ref.precision import SIXTEEN_BIT, platform
+from fovi_ref.precision import SIXTEEN_BIT
 
 __all__ = [
     "BATCH",
     "GEMM_DTYPE_SOURCES",
     "LAYERS",
-    "MEASURED",
-    "RECORD",
+    "RECORDS",
     "choose",
-    "load_record",
+    "load_records",
+    "measured",
     "measure_gemms",
     "run",
 ]
@@ -41,22 +49,27 @@ LAYERS = ("layer1.0.conv1", "layer2.0.conv1", "layer3.0.conv2", "layer4.0.conv1"
 """The layers whose forward GEMM is timed: one per stage of res18."""
 BATCH = 8
 """Samples per GEMM (rows ``B*Nout``): small, since an emulated 16-bit GEMM is slow."""
-RECORD = Path(__file__).with_name("gemm_record.json")
-"""The stored measurement ``GEMM_DTYPES`` is held to."""
+RECORDS = Path(__file__).with_name("gemm_records")
+"""The stored measurements ``GEMM_DTYPES`` is held to, one per platform: ``<platform>.json``."""
 
-MEASURED = "measured: bench --gemm-dtypes, record fovi_ref/check/bench/gemm_record.json"
+
+def measured(platform_key: str) -> str:
+    """The source of an entry measured on ``platform_key``: its stored record."""
+    record = f"fovi_ref/check/bench/gemm_records/{platform_key}.json"
+    return f"measured: bench --gemm-dtypes, record {record}"
+
 
 GEMM_DTYPE_SOURCES: dict[tuple[str, torch.dtype], str] = {
-    ("cpu", torch.bfloat16): MEASURED,
-    ("cpu", torch.float16): MEASURED,
+    ("cpu", torch.bfloat16): measured("cpu"),
+    ("cpu", torch.float16): measured("cpu"),
     ("cpu_bf16", torch.bfloat16): "derived, unmeasured: oneDNN runs bfloat16 GEMMs natively there",
     ("cpu_bf16", torch.float16): "derived, unmeasured: such CPUs have no native float16 GEMM",
     ("cuda", torch.bfloat16): "derived, unmeasured: tensor cores outrun float32 units many times",
     ("cuda", torch.float16): "derived, unmeasured: tensor cores outrun float32 units many times",
 }
 """Where each entry of :data:`fovi_ref.precision.GEMM_DTYPES` comes from: ``measured`` (the
-stored :data:`RECORD`, which ``tests/test_precision.py`` holds it to) or ``derived, unmeasured``
-(and why)."""
+platform's stored record, which ``tests/test_precision.py`` holds it to) or ``derived,
+unmeasured`` (and why)."""
 
 
 def _operands(layer: str, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -87,36 +100,38 @@ def choose(ratios: dict[str, float]) -> str:
     return "narrow" if all(r < 1 for r in ratios.values()) else "wide"
 
 
-def load_record(path: Path = RECORD) -> dict:
-    """The stored record: ``{"platform", "device", "ratios": {dtype: {layer: ratio}},
-    "choice": {dtype: "narrow" | "wide"}, ...}``."""
-    return json.loads(path.read_text())
+def load_records() -> dict[str, dict]:
+    """The stored records by platform: ``{platform: {"platform", "device", "cpu_model", ...,
+    "ratios": {dtype: {layer: ratio}}, "choice": {dtype: "narrow" | "wide"}, "load": ...}}``."""
+    records = (json.loads(path.read_text()) for path in sorted(RECORDS.glob("*.json")))
+    return {record["platform"]: record for record in records}
 
 
 def run(out: str = "results", device: str | torch.device = "cpu", repeats: int = 3) -> dict:
     """Measure, print a table and the choice per 16-bit dtype, and write
-    ``OUT/gemm_record.json`` (copy it over :data:`RECORD` to make it the stored one)."""
+    ``OUT/<platform>.json`` (copy it into :data:`RECORDS` to make it the stored one), with the
+    machine's fields (:func:`~fovi_ref.check.bench.timing.platform_fields`) and its load before
+    and after."""
     device = torch.device(device)
-    load = machine_load()
-    print(f"bench --gemm-dtypes on {platform(device)} ({device}); {load.line()}")
+    fields = platform_fields(device)
+    start = machine_load()
+    print(f"bench --gemm-dtypes on {describe_platform(fields)}; {start.line()}")
     print("16-bit GEMM time / float32 GEMM time, forward GEMM of each layer at batch", BATCH)
-    record = {"platform": platform(device), "device": str(device), "batch": BATCH}
-    record |= {
-        "torch": torch.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-    }
-    record |= {"ratios": {}, "choice": {}}
+    record = {**fields, "batch": BATCH, "ratios": {}, "choice": {}}
     for dtype in SIXTEEN_BIT:
         ratios = measure_gemms(dtype, device, repeats)
         record["ratios"][dtype_name(dtype)] = {k: round(v, 3) for k, v in ratios.items()}
         record["choice"][dtype_name(dtype)] = choose(ratios)
+    end = machine_load()
+    record["load"] = {"start": asdict(start), "end": asdict(end)}
     names = [dtype_name(d) for d in SIXTEEN_BIT]
     print(f"  {'layer':<16}" + "".join(f"{n:>10}" for n in names))
     for layer in LAYERS:
         print(f"  {layer:<16}" + "".join(f"{record['ratios'][n][layer]:>10.2f}" for n in names))
     print(f"  {'choice':<16}" + "".join(f"{record['choice'][n]:>10}" for n in names))
-    path = Path(out) / "gemm_record.json"
+    print(f"after: {end.line()}")
+    path = Path(out) / f"{fields['platform']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"record in {path}; the stored one is {RECORD}")
+    print(f"record in {path}; the stored ones are in {RECORDS}")
     return record

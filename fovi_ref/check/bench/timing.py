@@ -297,9 +297,9 @@ def platform_fields(device: torch.device | str = "cpu") -> dict:
 
 def describe_platform(fields: dict) -> str:
     """``platform cpu_bf16 (Intel(R) Xeon(R) ..., AVX512), 2 threads, torch 2.13.0+cpu``."""
-    machine = f"{fields.get('cpu_model') or 'CPU model not recorded'}, {fields['cpu_capability']}"
+    machine = f"{fields.get('cpu_model') or 'CPU model unrecorded'}, {fields['cpu_capability']}"
     threads = fields.get("threads")
-    threads = f"{threads} threads" if threads else "threads not recorded"
+    threads = f"{threads} threads" if threads else "threads unrecorded"
     return f"platform {fields['platform']} ({machine}), {threads}, torch {fields['torch']}"
 
 
