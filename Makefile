@@ -43,17 +43,17 @@ render:          ## screenshots of the notebooks in JupyterLab, in results/rende
 properties:      ## the property tests with many random examples (the default run takes a few)
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/test_properties.py -q
 
-# Verdicts are keyed by function: a run judges only the functions whose code changed since the
-# record (pending), from a fresh clone too; mutants/ (git-ignored) is mutmut's cache.
+# Two configurations of one engine (scripts/mutations/engine.py). Verdicts are keyed by function:
+# a run judges only the functions whose code changed since the record (pending), from a fresh
+# clone too. mutmut's caches (git-ignored): mutants/ for the backends, mutants-rule/ for the rule.
 mutations:       ## judge the pending functions' mutants by the default battery; writes scripts/mutations/record.json
-	$(PY) scripts/mutations/run.py
+	$(PY) scripts/mutations/run.py backends
 
-# Its own work folder, mutants-rule/ (git-ignored), with its own [tool.mutmut]: never mutants/.
 rule-mutations:  ## mutation testing of the tolerance rule against the harness's tests; writes scripts/mutations/rule_record.json
-	$(PY) scripts/mutations/rule.py
+	$(PY) scripts/mutations/run.py rule
 
 planted-bugs:    ## the bug classes a mutation tool cannot write, planted in a backend, and what catches each
-	$(PY) scripts/mutation_check.py
+	$(PY) scripts/mutations/planted_bugs.py
 
 battery-times:   ## time `check einsum_baseline` (default and --full) for the times check --help states
 	$(PY) scripts/time_battery.py

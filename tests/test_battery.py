@@ -1,8 +1,8 @@
 """The battery reaches every scale and every door, and a failing row says where and replays.
 
 Each bug class below was a PASS of the earlier battery (graphs up to 20 outputs, K 9, Cin >= 2,
-fan-out 8, batch 3, the eager door only). Each is planted by scripts/mutation_check.py and must
-fail on a graph of the default battery, while the clean backend passes the same case.
+fan-out 8, batch 3, the eager door only). Each is planted by scripts/mutations/planted_bugs.py and
+must fail on a graph of the default battery, while the clean backend passes the same case.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
 
 
-MUTATION_CHECK = load_script("scripts/mutation_check.py")
+PLANTED_BUGS = load_script("scripts/mutations/planted_bugs.py")
 
 # bug class -> (a default-battery graph that triggers it, dtype, check that must catch it)
 CAUGHT_BY = {
@@ -138,7 +138,7 @@ def test_each_bug_class_fails_a_default_graph_and_the_clean_backend_passes_it(ki
     assert graph in SPANNING
     kwargs = dict(graphs=[graph], dtypes=[dtype], checks=[check])
     assert check_ops("general", **kwargs).ok
-    mutant = MUTATION_CHECK.Mutant(get_ops("general"), kind, MUTATION_CHECK.MUTATIONS[kind])
+    mutant = PLANTED_BUGS.Mutant(get_ops("general"), kind, PLANTED_BUGS.MUTATIONS[kind])
     report = check_ops(mutant, **kwargs)
     assert mutant.applied and not report.ok, report
 
@@ -148,7 +148,7 @@ def test_a_float16_cell_past_65504_under_a_finite_y_fails_the_rounding_check():
     every other row: a cell summed or stored in float16 overflows only past 65504."""
     kwargs = dict(graphs=["base"], dtypes=[F16], checks=["rounding"])
     assert check_ops("general", **kwargs).ok
-    mutant = MUTATION_CHECK.Mutant(get_ops("general"), "cells_summed_in_dtype", "")
+    mutant = PLANTED_BUGS.Mutant(get_ops("general"), "cells_summed_in_dtype", "")
     past_max = [r for r in check_ops(mutant, **kwargs).rows if r.note.endswith(F16_PAST_MAX_NOTE)]
     assert [(r.quantity, r.ok) for r in past_max] == [("y", False), ("grad_weight", False)]
     assert all("non-finite mismatches" in r.note for r in past_max), past_max
@@ -163,7 +163,7 @@ def test_a_16_bit_gradient_at_a_hub_is_judged_by_the_float32_accumulation_rule()
 
 
 def test_a_failing_row_names_its_element_and_its_replay_runs_that_case_again():
-    mutant = MUTATION_CHECK.Mutant(get_ops("general"), "off_past_64_nodes", "")
+    mutant = PLANTED_BUGS.Mutant(get_ops("general"), "off_past_64_nodes", "")
     report = check_ops(mutant, graphs=["base", "nout_65"], dtypes=[F64], checks=["oracle"])
     (row,) = [r for r in report.failures if r.quantity == "y"]
     assert row.graph == "nout_65" and row.index is not None and len(row.index) == 3

@@ -1,17 +1,21 @@
-"""The mutation record (scripts/mutations/record.json) stays true: every verdict is keyed by the
-function it judged, no mutant survived unargued, and the README states its score, its pending
-count and the commit its sources were read from.
+"""The mutation records stay true, and the engine that writes them keeps its rules.
 
-A function whose code changed since the record was written is pending, not a failure:
-``make mutations`` judges it, and CI judges a seeded sample of it first
-(``scripts/mutations/run.py --sample``, in .ci/run). These tests read the record, and the keys'
-rules on small sources of their own.
+Two jobs, configurations of one engine (``scripts/mutations/engine.py``, configured in
+``scripts/mutations/run.py``): ``backends`` (``record.json``) and ``rule`` (``rule_record.json``).
+For each record: every verdict is keyed by the function it judged, no mutant survived unargued,
+every argument is for a mutant the record holds as argued, and the README states its score, its
+pending count and the commit its sources were read from.
+
+A function whose code changed since its record was written is pending, not a failure: the next
+run judges it, and CI judges a seeded sample of it first (``run.py JOB --sample``, in .ci/run).
+The engine's rules (keys, triage, arguments, the second stage's reuse) are tested on small cases
+of their own.
 """
 
 from __future__ import annotations
 
-import json
 import re
+import tomllib
 
 import pytest
 from conftest import ROOT, load_script
@@ -19,98 +23,157 @@ from conftest import ROOT, load_script
 from fovi_ref import available_ops
 from fovi_ref.strategies import STRATEGIES
 
-# run.py reads mutmut's status names; the lent GPU's image (scripts/gpu_check.sh) has no mutmut.
-pytest.importorskip("mutmut", reason="scripts/mutations/run.py reads mutmut's status names")
+# The engine reads mutmut's status names; the lent GPU's image (scripts/gpu_check.sh) has none.
+pytest.importorskip("mutmut", reason="scripts/mutations/engine.py reads mutmut's status names")
 RUN = load_script("scripts/mutations/run.py")
-PLANTED = load_script("scripts/mutation_check.py")
-JUDGE = RUN.load_sibling("judge")
-KEYS = RUN.keys
-RECORD = json.loads(RUN.RECORD.read_text())
-EQUIVALENTS = RUN.load_arguments(RUN.EQUIVALENTS)
-VERDICTS = {*RUN.KILLED, "killed_full", "killed_test", "equivalent", "cuda_only"}
+ENGINE = RUN.engine
+KEYS = ENGINE.keys
+PLANTED = load_script("scripts/mutations/planted_bugs.py")
+JUDGE = load_script("scripts/mutations/judge.py")
+JOBS = RUN.JOBS
+RECORDS = {name: ENGINE.load_record(job) for name, job in JOBS.items()}
+ARGUMENTS = {name: ENGINE.load_arguments(job.equivalents) for name, job in JOBS.items()}
+PENDING = {name: set(ENGINE.pending_now(job, RECORDS[name])) for name, job in JOBS.items()}
+VERDICTS = {
+    "backends": {*ENGINE.KILLED, "killed_full", "killed_test", *ENGINE.ARGUED},
+    "rule": {*ENGINE.KILLED, "equivalent"},
+}
+"""What a held line of each record may say: every verdict but ``survived``."""
 
 
-def test_the_record_keys_every_mutant_by_a_function_it_judged():
-    """Each mutant's function has a key in the record and is not pending there; a pending
-    function has mutants to judge and none of them in the record."""
-    functions, pending = RECORD["functions"], RECORD["pending"]
+def held(job: str) -> dict[str, dict]:
+    """The record's lines whose function is not pending now: the verdicts that still hold."""
+    lines = RECORDS[job]["mutants"].items()
+    return {n: m for n, m in lines if ENGINE.function_id(n) not in PENDING[job]}
+
+
+# ------------------------------------------------------------------------------- the records
+@pytest.mark.parametrize("job", JOBS)
+def test_the_record_keys_every_mutant_by_a_function_it_judged(job):
+    """Each mutant's line names its function, which has a key in the record and is not pending
+    there; a pending function has mutants to judge and none of them in the record."""
+    record = RECORDS[job]
+    functions, pending = record["functions"], record["pending"]
+    assert record["tool"] == ENGINE.TOOL and record["judge"] == list(JOBS[job].judge)
     assert set(pending) <= set(functions) and all(n > 0 for n in pending.values())
-    for name, mutant in RECORD["mutants"].items():
-        assert RUN.function_id(name) in functions, name
-        assert RUN.function_id(name) not in pending, name
-        assert RUN.function_id(name).startswith(mutant["file"] + "::"), name
+    for name, mutant in record["mutants"].items():
+        function = ENGINE.function_id(name)
+        assert function in functions and function not in pending, name
+        assert function == f"{mutant['file']}::{mutant['function']}", name
     files = {f.partition("::")[0] for f in functions}
+    assert files <= set(JOBS[job].files)
     assert all(f"{f}::{KEYS.MODULE}" in functions for f in files)
 
 
-def test_the_record_was_read_from_a_commit_of_this_repository():
-    commit = RECORD["sources"].removesuffix("+uncommitted")
-    assert re.fullmatch(r"[0-9a-f]{40}", commit), RECORD["sources"]
+@pytest.mark.parametrize("job", JOBS)
+def test_the_record_was_read_from_a_commit_of_this_repository(job):
+    commit = RECORDS[job]["sources"].removesuffix("+uncommitted")
+    assert re.fullmatch(r"[0-9a-f]{40}", commit), RECORDS[job]["sources"]
 
 
-def test_no_mutant_survived_and_every_equivalent_is_argued():
-    verdicts = {name: m["verdict"] for name, m in RECORD["mutants"].items()}
-    odd = {name: v for name, v in verdicts.items() if v not in VERDICTS}
-    assert not odd, f"survivors or unknown verdicts: {odd}"
-    for name, mutant in RECORD["mutants"].items():
-        if mutant["verdict"] in ("equivalent", "cuda_only"):
-            assert len(mutant["argument"]) > 20 and mutant["argument"] == EQUIVALENTS[name]["why"]
-            assert mutant["change"] == EQUIVALENTS[name]["change"], name
+@pytest.mark.parametrize("job", JOBS)
+def test_no_mutant_survived_and_every_argued_one_is_argued(job):
+    for name, mutant in held(job).items():
+        assert mutant["verdict"] in VERDICTS[job], (name, mutant)
+        assert mutant["line"] >= 1 and "->" in mutant["change"], name
+        if mutant["verdict"] in ENGINE.ARGUED:
+            argument = ARGUMENTS[job][name]
+            assert len(mutant["argument"]) > 20 and mutant["argument"] == argument["why"]
+            assert mutant["change"] == argument["change"], name
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_every_argument_is_for_an_argued_mutant_of_the_record(job):
+    """An argument for a mutant of a pending function waits for the job to judge it."""
+    lines = held(job)
+    for name in ARGUMENTS[job]:
+        assert ENGINE.file_of(name) in JOBS[job].files, name
+        if ENGINE.function_id(name) in PENDING[job] | set(RECORDS[job]["pending"]):
+            continue
+        assert lines[name]["verdict"] in ENGINE.ARGUED, name
+
+
+def test_the_backends_kills_name_their_row_and_the_rules_slow_kills_their_test():
+    for mutant in held("backends").values():
         if mutant["verdict"] == "killed":
-            assert set(mutant["by"]) >= {"backend", "graph", "dtype", "check", "quantity"}
-    argued = {n for n, v in verdicts.items() if v in ("equivalent", "cuda_only")}
-    judged = {RUN.function_id(n) for n in RECORD["mutants"]}
-    stale = {n for n in EQUIVALENTS if RUN.function_id(n) in judged} - argued
-    assert not stale, f"arguments for mutants that are not equivalent in the record: {stale}"
-    assert all(RUN.file_of(n) in RUN.mutated_files() for n in EQUIVALENTS)  # pending ones wait
-
-
-def test_every_mutant_has_a_place_and_a_change():
-    """The line is the mutant's in the sources the record was read from."""
-    for name, mutant in RECORD["mutants"].items():
-        assert mutant["line"] >= 1, name
-        assert "->" in mutant["change"], name
+            assert set(mutant["by"]) >= set(RUN.WHERE)
+    for mutant in held("rule").values():
+        assert set(mutant.get("by") or {"test": None}) <= {"test", "note"}
+        assert (mutant.get("by") or {}).get("test") in (None, *RUN.SLOW)
 
 
 def test_the_judge_runs_every_backend_and_every_strategy():
     backends = {"general", "gather_gemm", "einsum_baseline", "general_textbook"}
     assert backends <= set(available_ops())
     assert set(JUDGE.JUDGED) == backends | {f"general[{s}]" for s in STRATEGIES}
+    home = {
+        ENGINE.module_of(f"{f.removesuffix('.py')}.x_f__mutmut_1".replace("/", "."))
+        for f in JOBS["backends"].files
+    }
+    assert {m.removesuffix(".__init__") for m in home} <= set(JUDGE.HOME)
+    assert set(RUN.UNIT_TESTS) == set(JOBS["backends"].files)
 
 
-def test_the_readme_states_the_records_score():
-    figures = RUN.score(RECORD)
+def test_the_rule_job_has_its_own_mutmut_configuration_and_cache():
+    """mutmut reads ``[tool.mutmut]`` from, and writes ``mutants/`` to, the directory it runs
+    in: the rule's job runs in ``mutants-rule/``, never in the backends' ``mutants/``."""
+    config = tomllib.loads(RUN.rule_mutmut_config())["tool"]["mutmut"]
+    assert config["only_mutate"] == list(RUN.RULE_FUNCTIONS)
+    assert config["pytest_add_cli_args_test_selection"] == list(JOBS["rule"].judge)
+    assert JOBS["rule"].mutants != JOBS["backends"].mutants == ROOT / "mutants"
+    backends = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    assert not set(backends["only_mutate"]) & set(config["only_mutate"])
+    assert "mutants-rule/" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_the_readme_states_both_scores():
     readme = " ".join((ROOT / "README.md").read_text().split())  # lines joined
+    record, figures = RECORDS["backends"], ENGINE.score(RECORDS["backends"])
     stated = re.search(
         r"mutation score \*\*(\d+)/(\d+)\*\*.*?(\d+) equivalent.*?(\d+) that differ on CUDA only"
         r".*?(\d+) are killed only by `--full`, (\d+) only by a unit test",
         readme,
-        re.S,
     )
     assert stated, "the README's validator section states no mutation score"
     keys = ("killed", "judged", "equivalent", "cuda_only", "full_only", "test_only")
     assert dict(zip(keys, map(int, stated.groups()), strict=True)) == {k: figures[k] for k in keys}
-    sources = f"read from commit `{RECORD['sources'][:7]}`"
-    assert sources + ("" if "+" not in RECORD["sources"] else " and uncommitted changes") in readme
+    sources = f"read from commit `{record['sources'][:7]}`"
+    assert sources + ("" if "+" not in record["sources"] else " and uncommitted changes") in readme
     pending = f"{figures['pending']} mutants of {figures['pending_functions']} functions pending"
     assert pending in readme
     # a CUDA-only mutant scripts/mutations/on_cuda.py killed on a GPU says so in its argument
-    on_gpu = [m for m in RECORD["mutants"].values() if "killed on CUDA" in m.get("argument", "")]
+    on_gpu = [m for m in record["mutants"].values() if "killed on CUDA" in m.get("argument", "")]
     assert all(m["verdict"] == "cuda_only" for m in on_gpu)
     assert f"({len(on_gpu)} killed on a GPU: `scripts/mutations/on_cuda.py`)" in readme
 
+    record, figures = RECORDS["rule"], ENGINE.score(RECORDS["rule"])
+    stated = re.search(
+        r"the tolerance rule, is mutated too.*?mutation score \*\*(\d+)/(\d+)\*\* with "
+        r"(\d+) argued equivalent, (\d+) of (\d+) functions",
+        readme,
+    )
+    assert stated, "the README's validator section states no score for the rule"
+    # the record's own count, not today's: an edit to the rule changes nothing the README states
+    # until the record is written again
+    functions = [f for f in record["functions"] if not f.endswith("::" + KEYS.MODULE)]
+    judged = len([f for f in functions if f not in record["pending"]])
+    rule = sum(len(names) for names in RUN.RULE_FUNCTIONS.values())
+    want = (figures["killed"], figures["judged"], figures["equivalent"], judged, rule)
+    assert tuple(map(int, stated.groups())) == want
+
 
 def test_each_retired_planted_class_has_a_quiet_mutant_the_oracle_kills():
-    """scripts/mutation_check.py retires a planted bug class only for a mutant of the record
-    that makes the same kind of bug: a wrong value the oracle finds, not an exception."""
+    """scripts/mutations/planted_bugs.py retires a planted bug class only for a mutant of the
+    record that makes the same kind of bug: a wrong value the oracle finds, not an exception."""
     for kind, (name, _) in PLANTED.RETIRED.items():
         assert kind not in PLANTED.MUTATIONS, kind
-        mutant = RECORD["mutants"][name]
+        mutant = RECORDS["backends"]["mutants"][name]
         assert mutant["verdict"] == "killed", (kind, mutant)
         assert mutant["by"]["check"] == "oracle", (kind, mutant)
         assert not mutant["by"]["note"].startswith("raised"), (kind, mutant)
 
 
+# ------------------------------------------------------------------------------- the engine
 def test_a_renumbered_mutant_keeps_its_second_stage_verdict_and_a_repeated_change_does_not():
     """An edit above a mutant renumbers it: the record finds its last verdict by its change,
     where that change names one mutant of the file only."""
@@ -120,8 +183,76 @@ def test_a_renumbered_mutant_keeps_its_second_stage_verdict_and_a_repeated_chang
         "m__mutmut_2": {**line, "change": "x[0]  ->  x[1]"},
         "m__mutmut_3": {**line, "change": "x[0]  ->  x[1]"},  # the same change, twice
     }
-    same = RUN.by_change(record)
+    same = ENGINE.by_change(record)
     assert same == {("f.py", "a + b  ->  a - b"): record["m__mutmut_1"]}
+
+
+def judged(monkeypatch, last: dict, outcome: tuple[str, dict]) -> tuple[dict, list]:
+    """``judged_line`` of a mutant the first stage passed (mutmut's exit code 0) whose change is
+    ``a  ->  b``, with ``last`` the record's previous line and a second stage that returns
+    ``outcome``; with the mutants the second stage was asked about."""
+    asked = []
+
+    def second_stage(job, name: str, source: str) -> tuple[str, dict]:
+        asked.append(name)
+        return outcome
+
+    monkeypatch.setattr(ENGINE, "change_of", lambda job, name, source: (3, "a  ->  b"))
+    monkeypatch.setattr(ENGINE, "second_stage", second_stage)
+    line = ENGINE.judged_line(
+        JOBS["rule"], "p.x_g__mutmut_1", "f.py", 0, {"p.x_g__mutmut_1": last}, {}
+    )
+    return line, asked
+
+
+def test_a_survivor_of_the_first_stage_runs_the_second_unless_the_record_holds_its_outcome(
+    monkeypatch,
+):
+    """The second stage is skipped only where the last record holds its outcome for this same
+    change: a kill by it (a test named where its verdict is also the first stage's), or a
+    survivor (argued again by the caller). An equivalent line that never ran it runs it, and so
+    does a first-stage kill that the first stage now passes."""
+    slow = {"test": "tests/t.py::test_slow"}
+    kill = {"change": "a  ->  b", "verdict": "killed", "by": slow}
+    line, asked = judged(monkeypatch, kill, ("survived", {}))
+    assert (line["verdict"], line["by"], asked) == ("killed", slow, [])
+    full = {"change": "a  ->  b", "verdict": "killed_full", "by": {"graph": "random"}}
+    assert judged(monkeypatch, full, ("survived", {}))[0]["verdict"] == "killed_full"
+    survivor = {"change": "a  ->  b", "verdict": "equivalent", "by": {}, "argument": "..."}
+    line, asked = judged(monkeypatch, survivor, ("killed", slow))
+    assert (line["verdict"], asked) == ("survived", [])
+    never_ran = {"change": "a  ->  b", "verdict": "equivalent", "argument": "gone now"}
+    line, asked = judged(monkeypatch, never_ran, ("killed", slow))
+    assert (line["verdict"], line["by"], asked) == ("killed", slow, ["p.x_g__mutmut_1"])
+    first_stage = {"change": "a  ->  b", "verdict": "killed", "by": {"graph": "random"}}
+    line, asked = judged(monkeypatch, first_stage, ("survived", {}))
+    assert (line["verdict"], asked) == ("survived", ["p.x_g__mutmut_1"])
+    other_change = {"change": "c  ->  d", "verdict": "killed", "by": slow}
+    assert judged(monkeypatch, other_change, ("survived", {}))[1] == ["p.x_g__mutmut_1"]
+
+
+def test_mutmut_names_map_to_the_functions_keys():
+    assert KEYS.function_of("fovi_ref.segment_sum.x_segment_sum__mutmut_3") == "segment_sum"
+    method = "fovi_ref.knn_general.xǁGeneralTextbookOpsǁforward__mutmut_12"
+    assert KEYS.function_of(method) == "GeneralTextbookOps.forward"
+    assert ENGINE.function_id(method) == "fovi_ref/knn_general.py::GeneralTextbookOps.forward"
+    strategy = "fovi_ref.strategies.x_strategy_for__mutmut_1"  # a package's module
+    assert ENGINE.function_id(strategy) == "fovi_ref/strategies/__init__.py::strategy_for"
+
+
+def test_a_changed_function_is_pending_and_a_changed_module_pends_its_file():
+    job = JOBS["rule"]
+    now = ENGINE.keys_now(job)
+    record = {"tool": ENGINE.TOOL, "functions": dict(now), "pending": {}}
+    assert ENGINE.pending_now(job, record) == []
+    record["functions"]["fovi_ref/check/tolerances.py::gamma"] = "another"
+    assert ENGINE.pending_now(job, record) == ["fovi_ref/check/tolerances.py::gamma"]
+    record["functions"][f"fovi_ref/check/magnitude.py::{KEYS.MODULE}"] = "another"
+    magnitude = {f for f in ENGINE.pending_now(job, record) if "magnitude" in f}
+    assert magnitude == {
+        f"fovi_ref/check/magnitude.py::{n}"
+        for n in RUN.RULE_FUNCTIONS["fovi_ref/check/magnitude.py"]
+    }
 
 
 # ------------------------------------------------------------------- verdicts keyed by function
@@ -186,15 +317,6 @@ def test_an_import_is_keyed_by_the_functions_that_read_its_names():
     assert future[KEYS.MODULE] != before[KEYS.MODULE]  # it changes every function's meaning
 
 
-def test_mutmut_names_map_to_the_functions_keys():
-    assert KEYS.function_of("fovi_ref.segment_sum.x_segment_sum__mutmut_3") == "segment_sum"
-    method = "fovi_ref.knn_general.xǁGeneralTextbookOpsǁforward__mutmut_12"
-    assert KEYS.function_of(method) == "GeneralTextbookOps.forward"
-    assert RUN.function_id(method) == "fovi_ref/knn_general.py::GeneralTextbookOps.forward"
-    strategy = "fovi_ref.strategies.x_strategy_for__mutmut_1"  # a package's module
-    assert RUN.function_id(strategy) == "fovi_ref/strategies/__init__.py::strategy_for"
-
-
 def _triage_case():
     """A record of two files, ``a`` and ``b``, and mutmut's results in a fresh clone. In ``a``:
     ``same`` unchanged and not run, ``edited`` changed and not run, ``rerun`` changed and run
@@ -204,7 +326,7 @@ def _triage_case():
     names = {"pkg.a.x_same": (a, 2), "pkg.a.x_edited": (a, 1), "pkg.a.x_rerun": (a, 1)}
     names["pkg.b.x_kept"] = (b, 1)
     previous = {
-        "tool": RECORD["tool"],
+        "tool": ENGINE.TOOL,
         "functions": {f"{a}::{KEYS.MODULE}": "ma", f"{b}::{KEYS.MODULE}": "mb"},
         "pending": {},
         "mutants": {
@@ -228,7 +350,7 @@ def test_an_unchanged_function_keeps_its_verdicts_and_a_changed_one_is_pending()
     code and module are unchanged; a changed function mutmut has run whole is judged anew; any
     other changed function, and every function of a file whose module code changed, is pending."""
     previous, results, now = _triage_case()
-    judged, kept, pending = RUN.triage_functions(results, previous, now, set())
+    judged, kept, pending = ENGINE.triage(results, previous, now, set())
     assert set(kept) == {"pkg.a.x_same__mutmut_1", "pkg.a.x_same__mutmut_2"}
     assert kept["pkg.a.x_same__mutmut_1"] == previous["mutants"]["pkg.a.x_same__mutmut_1"]
     assert [n for n, _, _ in judged] == ["pkg.a.x_rerun__mutmut_1"]
@@ -239,7 +361,7 @@ def test_a_rerun_mutant_of_an_unchanged_function_is_judged_anew():
     previous, results, now = _triage_case()
     results["pkg.a.x_same__mutmut_2"] = ("pkg/a/__init__.py", 0)
     rerun = {"pkg.a.x_same__mutmut_2"}
-    judged, kept, _ = RUN.triage_functions(results, previous, now, rerun)
+    judged, kept, _ = ENGINE.triage(results, previous, now, rerun)
     assert "pkg.a.x_same__mutmut_1" in kept and "pkg.a.x_same__mutmut_2" not in kept
     assert "pkg.a.x_same__mutmut_2" in [n for n, _, _ in judged]
 
@@ -249,42 +371,42 @@ def test_nothing_is_kept_from_another_mutmut_or_from_other_mutants():
     function, make the last record's names mean other changes."""
     previous, results, now = _triage_case()
     older = {**previous, "tool": "mutmut 0.0.1"}
-    assert RUN.triage_functions(results, older, now, set())[1] == {}
+    assert ENGINE.triage(results, older, now, set())[1] == {}
     results["pkg.a.x_same__mutmut_3"] = ("pkg/a/__init__.py", None)  # not in the record
-    _, kept, pending = RUN.triage_functions(results, previous, now, set())
+    _, kept, pending = ENGINE.triage(results, previous, now, set())
     assert not kept and pending["pkg/a/__init__.py::same"] == 3
 
 
 def test_a_function_pending_in_the_record_stays_pending_until_judged():
     previous, results, now = _triage_case()
     previous["pending"] = {"pkg/a/__init__.py::same": 2}
-    _, kept, pending = RUN.triage_functions(results, previous, now, set())
+    _, kept, pending = ENGINE.triage(results, previous, now, set())
     assert not kept and pending["pkg/a/__init__.py::same"] == 2
 
 
 def test_the_ci_sample_takes_pending_mutants_first_and_replays_by_seed():
     pending, killed = [f"p{i}" for i in range(3)], [f"k{i}" for i in range(20)]
-    chosen = RUN.choose_sample(pending, killed, 8, seed=5)
+    chosen = ENGINE.choose_sample(pending, killed, 8, seed=5)
     assert sorted(chosen[:3]) == pending and set(chosen[3:]) <= set(killed) and len(chosen) == 8
-    assert RUN.choose_sample(pending, killed, 8, seed=5) == chosen
-    assert set(RUN.choose_sample([f"p{i}" for i in range(10)], killed, 8, seed=5)) < {
+    assert ENGINE.choose_sample(pending, killed, 8, seed=5) == chosen
+    assert set(ENGINE.choose_sample([f"p{i}" for i in range(10)], killed, 8, seed=5)) < {
         f"p{i}" for i in range(10)
     }
 
 
 def test_a_kept_line_is_argued_by_the_arguments_as_they_are_now():
-    """equivalents.toml decides a survivor's verdict each time the record is written: an argument
-    added argues it, one removed makes it a survivor again, a CUDA-only one says so."""
+    """The equivalents file decides a survivor's verdict each time the record is written: an
+    argument added argues it, one removed makes it a survivor again, a CUDA-only one says so."""
     survivor = {"file": "f.py", "change": "a + b  ->  a - b", "verdict": "survived", "by": {}}
     argued = {**survivor, "verdict": "equivalent", "argument": "path: the same values"}
-    assert RUN.argued("m", argued, {}) == survivor
+    assert ENGINE.argued("m", argued, {}) == survivor
     path = {"m": {"change": "a + b  ->  a - b", "why": "path: x"}}
-    assert RUN.argued("m", survivor, path)["verdict"] == "equivalent"
-    reason = f"{RUN.CUDA_ONLY} on CUDA it mixes devices"
-    cuda = RUN.argued("m", argued, {"m": {"change": "a + b  ->  a - b", "why": reason}})
+    assert ENGINE.argued("m", survivor, path)["verdict"] == "equivalent"
+    reason = f"{ENGINE.CUDA_ONLY} on CUDA it mixes devices"
+    cuda = ENGINE.argued("m", argued, {"m": {"change": "a + b  ->  a - b", "why": reason}})
     assert (cuda["verdict"], cuda["argument"]) == ("cuda_only", reason)
     killed = {"file": "f.py", "verdict": "killed_test", "by": {"test": "t.py"}}
-    assert RUN.argued("m", killed, path) == killed  # a kill is not argued away
+    assert ENGINE.argued("m", killed, path) == killed  # a kill is not argued away
 
 
 def test_an_argument_for_another_change_argues_nothing():
@@ -293,13 +415,25 @@ def test_an_argument_for_another_change_argues_nothing():
     the new change, it argues it."""
     survivor = {"file": "f.py", "change": "a * b  ->  a / b", "verdict": "survived", "by": {}}
     old = {"m": {"change": "a + b  ->  a - b", "why": "path: the same values"}}
-    line = RUN.argued("m", survivor, old)
+    line = ENGINE.argued("m", survivor, old)
     assert line == survivor | {"argued_change": "a + b  ->  a - b"}
     new = {"m": {"change": "a * b  ->  a / b", "why": "path: the same values"}}
-    assert RUN.argued("m", line, new) == survivor | {
+    assert ENGINE.argued("m", line, new) == survivor | {
         "verdict": "equivalent",
         "argument": "path: the same values",
     }
+
+
+def test_an_equivalents_entry_must_hold_its_change_and_why(tmp_path):
+    path = tmp_path / "equivalents.toml"
+    path.write_text('["m"]\nchange = "a  ->  b"\nwhy = "the same values"\n')
+    assert ENGINE.load_arguments(path) == {"m": {"change": "a  ->  b", "why": "the same values"}}
+    path.write_text('["m"]\nchnage = "a  ->  b"\nwhy = "the same values"\n')
+    with pytest.raises(SystemExit, match="m must hold exactly 'change' and 'why'"):
+        ENGINE.load_arguments(path)
+    path.write_text('"m" = "an argument without its change"\n')
+    with pytest.raises(SystemExit, match="m must hold"):
+        ENGINE.load_arguments(path)
 
 
 # --------------------------------------------------- scripts/mutations/on_cuda.py (the GPU's job)

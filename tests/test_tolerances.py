@@ -320,9 +320,9 @@ MUTATIONS = [
 @pytest.mark.parametrize("dtype", ALL, ids=str)
 @pytest.mark.parametrize("kind", MUTATIONS)
 def test_rule_fails_errors_the_size_of_a_term(kind, dtype):
-    """Each graph-level bug class (planted by scripts/mutations/planted_bugs.py or, for the retired ones,
-    made by a mutant of the mutation record), made in the oracle and rounded to the dtype, fails
-    the rule (on a small graph, where float16's bound is below one term)."""
+    """Each graph-level bug class (planted by scripts/mutations/planted_bugs.py or, for the retired
+    ones, made by a mutant of the mutation record), made in the oracle and rounded to the
+    dtype, fails the rule (on a small graph, where float16's bound is below one term)."""
     meta = random_meta(3, 4, seed=4)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, meta.n_in, generator=g, dtype=torch.float64).to(dtype)

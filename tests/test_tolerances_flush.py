@@ -76,6 +76,10 @@ def test_the_largest_operands_are_read_per_quantity():
         q: float(e.factor_max) if e.factor_max is not None else None for q, e in expected.items()
     }
     assert factors == {"y": 3 + 2, "grad_x": 2 + 4, "grad_weight": 4 + 1, "grad_bias": None}
+    x[0, 0, 1] = 5.0  # now x is the larger of x and the bias
+    expected = expected_quantities(x, w, b, meta, gy)
+    assert float(expected["y"].factor_max) == 5 + 2
+    assert float(expected["grad_weight"].factor_max) == 4 + 5
 
 
 @FLUSHES

@@ -58,7 +58,7 @@ def test_verify_meta_fails_a_wrong_backend_in_every_dtype():
     "bad",
     [dict(batch=0), dict(batch=-1), dict(batch=2.5), dict(dtypes=()), dict(dtypes=(torch.int32,))],
     ids=["batch 0", "batch -1", "batch 2.5", "no dtype", "int32"],
-)  # fmt: skip
+)
 def test_verify_meta_refuses_a_battery_that_judges_nothing(bad):
     """batch=0 gave 24 PASS verdicts on empty tensors and dtypes=() an empty list, both read as
     'all passed' (found by the adversarial pass); the others failed deep inside torch."""

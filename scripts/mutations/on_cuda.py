@@ -99,38 +99,38 @@ def apply_diff(text: str, diff: str) -> str:
 
 def export(folder: Path) -> None:
     """Write ``folder/mutants.json``: every ``cuda_only`` mutant as a whole mutated file."""
-    sys.path.insert(0, str(HERE))
-    import run  # mutmut's reader: here only, never on the GPU machine
+    if str(HERE) not in sys.path:  # the scripts beside this one: no package
+        sys.path.insert(0, str(HERE))
+    import engine  # mutmut's reader: here only, never on the GPU machine
     from judge import HOME
-    from mutmut.mutation.diff_apply import get_diff_for_mutant
     from mutmut.stats import status_by_exit_code
+    from run import BACKENDS, UNIT_TESTS
 
-    os.chdir(ROOT)  # mutmut reads mutants/ from here
-    record = json.loads(run.RECORD.read_text())
-    waiting = set(run.pending_now(record))
+    record = engine.load_record(BACKENDS)
+    waiting = set(engine.pending_now(BACKENDS, record))
     argued = {
-        run.function_id(n) for n, m in record["mutants"].items() if m["verdict"] == "cuda_only"
+        engine.function_id(n) for n, m in record["mutants"].items() if m["verdict"] == "cuda_only"
     }
     stale = sorted(argued & waiting)
     if stale:
         sys.exit(f"the record does not hold these functions as they are (make mutations): {stale}")
-    codes = {name: code for name, (_, code) in run.mutmut_results().items()}
+    codes = {name: code for name, (_, code) in engine.mutmut_results(BACKENDS).items()}
     mutants = []
     for name, entry in sorted(record["mutants"].items()):
         if entry["verdict"] != "cuda_only":
             continue
         source = entry["file"]
-        diff = get_diff_for_mutant(name, path=source)
+        diff = engine.mutant_diff(BACKENDS, name, source)
         mutants.append(
             {
                 "name": name,
                 "file": source,
                 "hash": file_hash(source),
                 "change": entry["change"],
-                "judge": HOME[run.module_of(name)],
-                "tests": run.UNIT_TESTS[source],
+                "judge": HOME[engine.module_of(name)],
+                "tests": UNIT_TESTS[source],
                 # mutmut's "not reached": no backend calls the function, only its tests judge it
-                "battery": run.RENAMED.get(status_by_exit_code[codes[name]]) != "not reached",
+                "battery": engine.RENAMED.get(status_by_exit_code[codes[name]]) != "not reached",
                 "source": apply_diff((ROOT / source).read_text(), diff),
             }
         )
@@ -146,8 +146,8 @@ def battery_on(judged: str, device: str) -> dict | None:
     import torch
     from judge import DTYPES, GRAPHS, ops_of
 
-    from fovi_ref.check.bench.budget import forced_grad_input_path
     from fovi_ref.check.check_ops import CHECKS, check_ops
+    from fovi_ref.check.switches import forced_grad_input_path
 
     paths = [(judged, contextlib.nullcontext(), CHECKS)]
     if judged == "gather_gemm":  # CUDA's dense S is the unforced path; the scatter, forced

@@ -1,6 +1,6 @@
 """Plant known bugs in a backend and show that the checks catch every one of them.
 
-    python scripts/mutation_check.py [--backend general|gather_gemm|einsum_baseline|all]
+    python scripts/mutations/planted_bugs.py [--backend general|gather_gemm|einsum_baseline|all]
                                      [--no-properties] [--graphs spanning random ...]
 
 Each mutation wraps a registered backend at the ops level (its ``forward``, ``grad_input`` and
@@ -47,7 +47,7 @@ import fovi_ref.knn_general as textbook
 from fovi_ref import KNNMeta, get_ops, register_ops, unregister_ops
 from fovi_ref.check.check_ops import CHECKS, DEFAULT, check_ops
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHECK_ORDER = list(CHECKS)
 
 
@@ -288,7 +288,7 @@ RETIRED = {
         "padding neighbours read ones instead of exact zeros",
     ),
     "bias_twice": (
-        "fovi_ref.layout.x_linear_rows__mutmut_17",
+        "fovi_ref.layout.x_linear_rows__mutmut_19",
         "a given bias is dropped: y is off by exactly the bias",
     ),
     "grad_x_rolled": (
@@ -411,8 +411,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_table(rows)
     missed = [r for r in rows if r["applied"] and not r["caught"]]
-    print(f"\n{sum(r['caught'] for r in rows)} caught, {len(missed)} missed, "
-          f"{sum(not r['applied'] for r in rows)} not applicable")  # fmt: skip
+    print(
+        f"\n{sum(r['caught'] for r in rows)} caught, {len(missed)} missed, "
+        f"{sum(not r['applied'] for r in rows)} not applicable"
+    )
     print("\nretired: the mutation record kills these classes (scripts/mutations/record.json)")
     for kind, (mutant, what) in RETIRED.items():
         print(f"  {kind:<{max(map(len, RETIRED)) + 2}}{mutant}: {what}")

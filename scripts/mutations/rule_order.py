@@ -1,4 +1,4 @@
-"""A pytest plugin for the rule's mutation job (``rule.py``): run the judge's tests file by file
+"""A pytest plugin for the rule's mutation job (``run.py rule``): run the judge's tests file by file
 in the order of :data:`TESTS`, so that a mutant stops at the quickest test that fails it.
 
 mutmut hands pytest the tests that call a mutated function in no set order, and stops at the
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 TESTS = [
     "tests/test_tolerance_rule.py",
+    "tests/test_tolerances_flush.py",
     "tests/test_tolerances.py",
     "tests/test_battery.py",
     "tests/test_testing_check_ops.py",
