@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import CUDA
 from torch.overrides import TorchFunctionMode
 
-from fovi_ref import KNNConv, KNNMeta, dtype_name, get_ops, knn_conv
+from fovi_ref import KNNConv, KNNMeta, dtype_name, get_ops, knn_conv, precision
 from fovi_ref.check.bench import gemm_dtypes
 from fovi_ref.check.bench.gemm_dtypes import GEMM_DTYPE_SOURCES
 from fovi_ref.check.check_ops import check_ops
@@ -38,6 +38,16 @@ def test_full_precision_inputs_run_their_own_gemms_and_unknown_platforms_run_wid
         assert gemm_dtype(device, torch.float64) == torch.float64
     assert platform("meta") == "meta"
     assert all(gemm_dtype("meta", d) == torch.float32 for d in SIXTEEN_BIT)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["bfloat16 GEMM", "no bfloat16 GEMM"])
+def test_a_cpu_is_keyed_by_whether_it_has_a_bfloat16_gemm(monkeypatch, native):
+    """Both kinds of CPU, whichever this one is: the probe answered each way."""
+    monkeypatch.setattr(precision, "_cpu_has_bf16_gemm", lambda: native)
+    want = "cpu_bf16" if native else "cpu"
+    assert platform("cpu") == platform(torch.device("cpu")) == want
+    assert gemm_dtype("cpu", torch.float16) == torch.float32  # no CPU has a native float16 GEMM
+    assert gemm_dtype("cpu", torch.bfloat16) == (torch.bfloat16 if native else torch.float32)
 
 
 def test_every_entry_is_wide_or_narrow_and_says_where_it_comes_from():
