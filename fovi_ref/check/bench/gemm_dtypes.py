@@ -62,8 +62,8 @@ def measured(platform_key: str) -> str:
 GEMM_DTYPE_SOURCES: dict[tuple[str, torch.dtype], str] = {
     ("cpu", torch.bfloat16): measured("cpu"),
     ("cpu", torch.float16): measured("cpu"),
-    ("cpu_bf16", torch.bfloat16): "derived, unmeasured: oneDNN runs bfloat16 GEMMs natively there",
-    ("cpu_bf16", torch.float16): "derived, unmeasured: such CPUs have no native float16 GEMM",
+    ("cpu_bf16", torch.bfloat16): measured("cpu_bf16"),
+    ("cpu_bf16", torch.float16): measured("cpu_bf16"),
     ("cuda", torch.bfloat16): "derived, unmeasured: tensor cores outrun float32 units many times",
     ("cuda", torch.float16): "derived, unmeasured: tensor cores outrun float32 units many times",
 }
