@@ -194,25 +194,12 @@ def spanning_graph(name: str, *, seed: int = 0, device: torch.device | str = "cp
     if name not in shapes:
         raise ValueError(f"unknown spanning graph {name!r}; choose from {list(shapes)}")
     s = shapes[name]
+    sizes = {key: s[key] for key in ("n_in", "n_out", "in_channels")}
+    seeded = graph_seed(name, seed)
     if name == "base":  # the padding check needs inputs nobody reads
-        meta = random_meta(
-            s["k"],
-            s["v"],
-            n_in=s["n_in"],
-            n_out=s["n_out"],
-            in_channels=s["in_channels"],
-            seed=graph_seed(name, seed),
-        )
+        meta = random_meta(s["k"], s["v"], **sizes, seed=seeded)
     else:
-        meta = spanning_meta(
-            s["k"],
-            s["v"],
-            n_in=s["n_in"],
-            n_out=s["n_out"],
-            in_channels=s["in_channels"],
-            seed=graph_seed(name, seed),
-            hub=s.get("hub", 0),
-        )
+        meta = spanning_meta(s["k"], s["v"], **sizes, seed=seeded, hub=s.get("hub", 0))
     if name == "channel_blocks":  # its oracle costs seconds: the dtypes that block, two checks
         return TestGraph(
             name,
